@@ -1,0 +1,160 @@
+"""Cells: points of a compatibility matrix, with ids that round-trip.
+
+The canonical id joins the coordinates with ``/`` in axis order, the optional
+axes tagged so they parse back without knowing the matrix::
+
+    deepseek-v3/trtllm_mla/dcp4/eagle-1x3/sm100
+    deepseek-v3/flashmla/dcp1/none/sm90/kv-fp8_e4m3/page64/tp8
+
+A pytest item name joins the same parts with ``-``
+(``deepseek-v3-trtllm_mla-dcp4-eagle-1x3-sm100``); values may contain dashes
+themselves, so that form parses back only against the matrix's axes
+(``Cell.from_name``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+#: Axis order: required axes, then the optional ones.
+REQUIRED_AXES = ("model", "backend", "dcp", "spec", "arch")
+OPTIONAL_AXES = ("kv_dtype", "page_size", "tp")
+AXES = REQUIRED_AXES + OPTIONAL_AXES
+INT_AXES = frozenset({"dcp", "page_size", "tp"})
+
+_ARCH = re.compile(r"^(sm\d+[a-z]?|gfx[0-9a-f]+)$")
+
+
+class CellIdError(ValueError):
+    pass
+
+
+def format_part(axis: str, value: Any) -> str:
+    """One id part: ``dcp4``, ``page64``, ``tp8``, ``kv-fp8_e4m3``; others verbatim."""
+    if axis == "dcp":
+        return f"dcp{value}"
+    if axis == "page_size":
+        return f"page{value}"
+    if axis == "tp":
+        return f"tp{value}"
+    if axis == "kv_dtype":
+        return f"kv-{value}"
+    return str(value)
+
+
+def arch_number(arch: str) -> int | None:
+    """``sm100`` → 100, ``sm90a`` → 90; None for non-NVIDIA archs."""
+    m = re.match(r"^sm(\d+)", arch)
+    return int(m.group(1)) if m else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    model: str
+    backend: str
+    dcp: int
+    spec: str
+    arch: str
+    kv_dtype: str | None = None
+    page_size: int | None = None
+    tp: int | None = None
+
+    @property
+    def coords(self) -> dict[str, Any]:
+        """Coordinates of the axes this cell has (optional axes only when set)."""
+        return {a: getattr(self, a) for a in AXES if getattr(self, a) is not None}
+
+    @property
+    def parts(self) -> list[str]:
+        return [format_part(a, v) for a, v in self.coords.items()]
+
+    @property
+    def id(self) -> str:
+        return "/".join(self.parts)
+
+    @property
+    def name(self) -> str:
+        """The pytest item name."""
+        return "-".join(self.parts)
+
+    def __str__(self) -> str:
+        return self.id
+
+    @classmethod
+    def from_coords(cls, coords: Mapping[str, Any]) -> "Cell":
+        unknown = set(coords) - set(AXES)
+        if unknown:
+            raise CellIdError(f"unknown axis {sorted(unknown)[0]!r}")
+        return cls(**dict(coords))
+
+    @classmethod
+    def from_id(cls, text: str) -> "Cell":
+        """Parse a canonical id (``model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN]``)."""
+        parts = text.split("/")
+        if len(parts) < len(REQUIRED_AXES):
+            raise CellIdError(
+                f"cell id {text!r} has {len(parts)} parts; expected model/backend/dcpN/spec/arch"
+            )
+        model, backend, dcp, spec, arch, *extra = parts
+        m = re.fullmatch(r"dcp(\d+)", dcp)
+        if not m:
+            raise CellIdError(f"cell id {text!r}: third part must be dcpN, got {dcp!r}")
+        fields: dict[str, Any] = dict(model=model, backend=backend, dcp=int(m.group(1)), spec=spec, arch=arch)
+        for part in extra:
+            if part.startswith("kv-") and "kv_dtype" not in fields:
+                fields["kv_dtype"] = part[3:]
+            elif (m := re.fullmatch(r"page(\d+)", part)) and "page_size" not in fields:
+                fields["page_size"] = int(m.group(1))
+            elif (m := re.fullmatch(r"tp(\d+)", part)) and "tp" not in fields:
+                fields["tp"] = int(m.group(1))
+            else:
+                raise CellIdError(f"cell id {text!r}: cannot parse part {part!r} (expected kv-X, pageN or tpN)")
+        return cls(**fields)
+
+    @classmethod
+    def from_name(cls, name: str, axes: Mapping[str, Sequence[Any]]) -> "Cell":
+        """Parse an item name (dash-joined) against the matrix's axis values."""
+        order = [a for a in AXES if a in axes]
+
+        def walk(rest: str, i: int) -> dict[str, Any] | None:
+            if i == len(order):
+                return {} if rest == "" else None
+            axis = order[i]
+            # Longest value first, so "eagle-4x3" wins over a shorter prefix value.
+            for value in sorted(axes[axis], key=lambda v: -len(format_part(axis, v))):
+                part = format_part(axis, value)
+                if rest == part and i == len(order) - 1:
+                    return {axis: value}
+                if rest.startswith(part + "-"):
+                    tail = walk(rest[len(part) + 1 :], i + 1)
+                    if tail is not None:
+                        return {axis: value, **tail}
+            return None
+
+        found = walk(name, 0)
+        if found is None:
+            raise CellIdError(f"item name {name!r} matches no cell of the axes {', '.join(order)}")
+        return cls(**found)
+
+
+def nodeid_name(nodeid: str) -> tuple[str, str]:
+    """Split a pytest node id ``path::name`` into (path, name); parametrize brackets kept."""
+    path, sep, name = nodeid.rpartition("::")
+    if not sep:
+        raise CellIdError(f"node id {nodeid!r} has no '::'")
+    return path, name
+
+
+def expand_cells(axes: Mapping[str, Sequence[Any]]) -> Iterable[Cell]:
+    """Every cell of the matrix, in axis order (deterministic: same on every xdist worker)."""
+    import itertools
+
+    order = [a for a in AXES if a in axes]
+    for values in itertools.product(*(axes[a] for a in order)):
+        yield Cell(**dict(zip(order, values)))
+
+
+def is_arch(text: str) -> bool:
+    return bool(_ARCH.match(text))

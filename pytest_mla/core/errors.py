@@ -1,0 +1,47 @@
+"""Errors that say where: file, line, key path, message."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Problem:
+    """One problem found in a matrix file; ``path`` is a key path like ``rules[3].when.arch``."""
+
+    path: str
+    message: str
+    line: int | None = None
+
+    def prefixed(self, parent: str) -> "Problem":
+        """The same problem one level up: ``descend`` in jsonschema's words."""
+        if not parent:
+            return self
+        if not self.path:
+            path = parent
+        elif self.path.startswith("["):
+            path = parent + self.path
+        else:
+            path = f"{parent}.{self.path}"
+        return dataclasses.replace(self, path=path)
+
+
+class MatrixError(Exception):
+    """A broken matrix file. Prints as ``FILE:LINE: PATH: MESSAGE``, one line per problem."""
+
+    def __init__(self, file: str, problems: list[Problem]) -> None:
+        self.file = file
+        self.problems = problems
+        super().__init__(self.format())
+
+    @property
+    def line(self) -> int | None:
+        return self.problems[0].line if self.problems else None
+
+    def format(self) -> str:
+        return "\n".join(_format_one(self.file, p) for p in self.problems)
+
+
+def _format_one(file: str, p: Problem) -> str:
+    where = f"{file}:{p.line}" if p.line else file
+    return f"{where}: {p.path}: {p.message}" if p.path else f"{where}: {p.message}"

@@ -1,0 +1,467 @@
+"""Matrix files: TOML data (never code) declaring axes, models and rules.
+
+``load_matrix`` parses, validates and reports every problem at once, each
+with file, line and key path (see ``MatrixError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .cells import AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, is_arch
+from .errors import MatrixError, Problem
+from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
+from .rules import (
+    Expectation, Predicate, Rule, decide, field_kind, known_fields, placeholders, _COMPARE,
+)
+from .spec import SpecError, parse_spec
+from .toml_lines import LineIndex
+
+TOP_KEYS = ("title", "engine", "axes", "models", "rule", "kernel")
+ENGINE_KEYS = ("name", "version")
+RULE_KEYS = ("when", "reject", "accept", "xfail", "engine_version", "name")
+REJECT_KEYS = ("error", "message", "match")
+KERNEL_KEYS = ("dtype", "seed")
+KERNEL_DTYPES = ("bf16", "fp16", "fp32")
+_ERROR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    path: str
+    name: str
+    title: str | None
+    engine_name: str
+    engine_versions: SpecifierSet | None  # None: any version
+    axes: Mapping[str, tuple[Any, ...]]
+    models: Mapping[str, ModelConfig]
+    rules: tuple[Rule, ...]
+    kernel_dtype: str = "bf16"
+    seed: int = 0
+
+    def cells(self) -> Iterator[Cell]:
+        return expand_cells(self.axes)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for values in self.axes.values():
+            n *= len(values)
+        return n
+
+    def model(self, cell: Cell) -> ModelConfig:
+        return self.models[cell.model]
+
+    def expectation(self, cell: Cell, engine_version: str | Version | None = None) -> Expectation:
+        return decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+
+    def describes(self, engine_version: str | None) -> bool:
+        """Whether the matrix's ``[engine] version`` admits this engine version."""
+        v = _as_version(engine_version)
+        return self.engine_versions is None or v is None or self.engine_versions.contains(v, prereleases=True)
+
+
+def _as_version(v: str | Version | None) -> Version | None:
+    if v is None or isinstance(v, Version):
+        return v
+    try:
+        return Version(v)
+    except InvalidVersion:
+        return None
+
+
+def load_matrix(path: str | os.PathLike[str], *, extra_models: Mapping[str, ModelConfig] | None = None,
+                display_path: str | None = None) -> Matrix:
+    """Read and validate a matrix file; raise ``MatrixError`` listing every problem."""
+    path = Path(path)
+    shown = display_path or os.fspath(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MatrixError(shown, [Problem("", f"cannot read matrix file: {exc.strerror or exc}")]) from None
+    except UnicodeDecodeError as exc:
+        raise MatrixError(shown, [Problem("", f"not UTF-8 text: {exc.reason} at byte {exc.start}")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = getattr(exc, "lineno", None)
+        msg = getattr(exc, "msg", None) or re.sub(r"\s*\(at line \d+, column \d+\)$", "", str(exc))
+        col = getattr(exc, "colno", None)
+        where = f" (column {col})" if col else ""
+        raise MatrixError(shown, [Problem("", f"invalid TOML: {msg}{where}", line)]) from None
+    builder = _Builder(shown, LineIndex(text), extra_models or {})
+    return builder.build(data, name=path.stem)
+
+
+class _Builder:
+    def __init__(self, file: str, lines: LineIndex, extra_models: Mapping[str, ModelConfig]) -> None:
+        self.file = file
+        self.lines = lines
+        self.extra_models = extra_models
+        self.problems: list[Problem] = []
+
+    def problem(self, path: tuple[Any, ...], message: str) -> None:
+        self.problems.append(Problem(_format_path(path), message, self.lines.line(path)))
+
+    # -- the whole file -------------------------------------------------------------
+    def build(self, data: dict[str, Any], name: str) -> Matrix:
+        for key in data:
+            if key not in TOP_KEYS:
+                self.problem((key,), f"unknown top-level key {key!r} (known: {', '.join(TOP_KEYS)})")
+        title = data.get("title")
+        if title is not None and not isinstance(title, str):
+            self.problem(("title",), f"title must be a string, got {title!r}")
+            title = None
+        engine_name, engine_versions = self.engine(data.get("engine", {}))
+        models = self.models(data.get("models", {}))
+        axes = self.axes(data.get("axes"), models)
+        kernel_dtype, seed = self.kernel(data.get("kernel", {}))
+        rules = self.rules(data.get("rule", []), axes) if axes is not None else ()
+        if axes is not None and not self.problems:
+            self.reachability(rules, axes, models)
+        if self.problems:
+            self.problems.sort(key=lambda p: (p.line or 0))
+            raise MatrixError(self.file, self.problems)
+        assert axes is not None
+        return Matrix(self.file, name, title, engine_name, engine_versions, axes, models, rules, kernel_dtype, seed)
+
+    def engine(self, table: Any) -> tuple[str, SpecifierSet | None]:
+        if not isinstance(table, dict):
+            self.problem(("engine",), "[engine] must be a table")
+            return "reference", None
+        for key in table:
+            if key not in ENGINE_KEYS:
+                self.problem(("engine", key), f"unknown key {key!r} (known: {', '.join(ENGINE_KEYS)})")
+        name = table.get("name", "reference")
+        if not isinstance(name, str) or not name:
+            self.problem(("engine", "name"), f"engine name must be a non-empty string, got {name!r}")
+            name = "reference"
+        return name, self.specifier(("engine", "version"), table.get("version", "*"))
+
+    def specifier(self, path: tuple[Any, ...], text: Any) -> SpecifierSet | None:
+        if not isinstance(text, str):
+            self.problem(path, f"version specifier must be a string, got {text!r}")
+            return None
+        if text.strip() in ("", "*"):
+            return None
+        try:
+            return SpecifierSet(text)
+        except InvalidSpecifier:
+            self.problem(path, f"invalid version specifier {text!r} (expected e.g. '>=0.5.23' or '>=0.5,<0.6')")
+            return None
+
+    def kernel(self, table: Any) -> tuple[str, int]:
+        if not isinstance(table, dict):
+            self.problem(("kernel",), "[kernel] must be a table")
+            return "bf16", 0
+        for key in table:
+            if key not in KERNEL_KEYS:
+                self.problem(("kernel", key), f"unknown key {key!r} (known: {', '.join(KERNEL_KEYS)})")
+        dtype = table.get("dtype", "bf16")
+        if dtype not in KERNEL_DTYPES:
+            self.problem(("kernel", "dtype"), f"unknown value {dtype!r} (known: {', '.join(KERNEL_DTYPES)})")
+        seed = table.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            self.problem(("kernel", "seed"), f"seed must be a non-negative integer, got {seed!r}")
+            seed = 0
+        return dtype, seed
+
+    # -- models -------------------------------------------------------------------
+    def models(self, table: Any) -> dict[str, ModelConfig]:
+        models = dict(BUILTIN_MODELS)
+        for name, model in self.extra_models.items():
+            models[name] = model
+        if not isinstance(table, dict):
+            self.problem(("models",), "[models] must be a table of model tables")
+            return models
+        for name, entry in table.items():
+            if name in models:
+                origin = "the built-in catalogue" if name in BUILTIN_MODELS else "a registered model"
+                self.problem(("models", name), f"duplicate model name {name!r} (already in {origin})")
+                continue
+            if not isinstance(entry, dict):
+                self.problem(("models", name), f"model {name!r} must be a table")
+                continue
+            try:
+                models[name] = ModelConfig.from_mapping(name, entry)
+            except ModelConfigError as exc:
+                self.problem(("models", name, exc.key), exc.message)
+        return models
+
+    # -- axes ---------------------------------------------------------------------
+    def axes(self, table: Any, models: Mapping[str, ModelConfig]) -> dict[str, tuple[Any, ...]] | None:
+        if table is None:
+            self.problem((), "missing [axes] table (required axes: " + ", ".join(REQUIRED_AXES) + ")")
+            return None
+        if not isinstance(table, dict):
+            self.problem(("axes",), "[axes] must be a table")
+            return None
+        axes: dict[str, tuple[Any, ...]] = {}
+        for key in table:
+            if key not in AXES:
+                self.problem(("axes", key), f"unknown axis {key!r} (known: {', '.join(AXES)})")
+        for axis in REQUIRED_AXES:
+            if axis not in table:
+                self.problem(("axes",), f"missing required axis {axis!r}")
+        for axis in AXES:
+            if axis not in table:
+                continue
+            values = table[axis]
+            if not isinstance(values, list) or not values:
+                self.problem(("axes", axis), f"axis {axis!r} must be a non-empty list, got {values!r}")
+                continue
+            seen: set[Any] = set()
+            for i, value in enumerate(values):
+                bad = self.axis_value_problem(axis, value, models)
+                if bad:
+                    self.problem(("axes", axis), f"{bad} (item {i})")
+                elif value in seen:
+                    self.problem(("axes", axis), f"duplicate value {value!r}")
+                seen.add(value)
+            axes[axis] = tuple(values)
+        if any(axis not in axes for axis in REQUIRED_AXES):
+            return None
+        # Order matters: axes are ordered tuples in AXES order, never sets.
+        return {a: axes[a] for a in AXES if a in axes}
+
+    def axis_value_problem(self, axis: str, value: Any, models: Mapping[str, ModelConfig]) -> str | None:
+        if axis in INT_AXES:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"{axis} values must be integers, got {value!r}"
+            if value < (0 if axis == "dcp" else 1):
+                return f"{axis} value {value} out of range"
+            return None
+        if not isinstance(value, str) or not value:
+            return f"{axis} values must be non-empty strings, got {value!r}"
+        if "/" in value or any(c.isspace() for c in value) or value.startswith("-") or value.endswith("-"):
+            return f"{axis} value {value!r} cannot be part of a cell id ('/', spaces, leading or trailing '-')"
+        if axis == "model" and value not in models:
+            known = ", ".join(sorted(models))
+            return f"unknown model {value!r}: not in the built-in catalogue nor in [models] (known: {known})"
+        if axis == "spec":
+            try:
+                parse_spec(value)
+            except SpecError as exc:
+                return str(exc)
+        if axis == "arch" and not is_arch(value):
+            return f"unknown arch {value!r} (expected smNN such as sm90, or gfxNNN)"
+        return None
+
+    # -- rules --------------------------------------------------------------------
+    def rules(self, items: Any, axes: Mapping[str, tuple[Any, ...]]) -> tuple[Rule, ...]:
+        if not isinstance(items, list):
+            self.problem(("rule",), "rules must be an array of tables: [[rule]]")
+            return ()
+        rules = []
+        for index, item in enumerate(items):
+            rule = self.rule(index, item, axes)
+            if rule is not None:
+                rules.append(rule)
+        return tuple(rules)
+
+    def rule(self, index: int, item: Any, axes: Mapping[str, tuple[Any, ...]]) -> Rule | None:
+        at = ("rule", index)
+        before = len(self.problems)
+        if not isinstance(item, dict):
+            self.problem(at, "a rule must be a table")
+            return None
+        for key in item:
+            if key not in RULE_KEYS:
+                self.problem(at + (key,), f"unknown key {key!r} in rule (known: {', '.join(RULE_KEYS)})")
+        when = self.when(at + ("when",), item.get("when"), axes)
+        outcome = None
+        error = message = match = None
+        if "reject" in item and "accept" in item:
+            self.problem(at, "a rule has either 'reject' or 'accept', not both")
+        elif "reject" in item:
+            outcome = "reject"
+            error, message, match = self.reject(at + ("reject",), item["reject"], axes)
+        elif "accept" in item:
+            outcome = "accept"
+            if item["accept"] is not True:
+                self.problem(at + ("accept",), f"accept must be true, got {item['accept']!r}")
+        xfail = item.get("xfail")
+        if xfail is not None and (not isinstance(xfail, str) or not xfail.strip()):
+            self.problem(at + ("xfail",), f"xfail must be a reason string, got {xfail!r}")
+        if outcome is None and xfail is None:
+            self.problem(at, "a rule needs an outcome: reject = {...}, accept = true, or xfail = \"reason\"")
+        versions = None
+        if "engine_version" in item:
+            versions = self.specifier(at + ("engine_version",), item["engine_version"])
+        name = item.get("name")
+        if name is not None and not isinstance(name, str):
+            self.problem(at + ("name",), f"name must be a string, got {name!r}")
+        if len(self.problems) > before:
+            return None
+        return Rule(index, self.lines.line(at), when, outcome, error, message, match, xfail, versions, name)
+
+    def when(self, at: tuple[Any, ...], table: Any, axes: Mapping[str, tuple[Any, ...]]) -> tuple[Predicate, ...]:
+        if table is None:
+            self.problem(at[:-1], "a rule needs a 'when' table (use when = {} to match every cell)")
+            return ()
+        if not isinstance(table, dict):
+            self.problem(at, "when must be a table such as { backend = \"triton\", dcp = \">1\" }")
+            return ()
+        preds = []
+        for key, raw in table.items():
+            kind = field_kind(key)
+            if kind is None or (key in AXES and key not in axes):
+                extra = " (that axis is not in [axes])" if key in OPTIONAL_AXES else ""
+                self.problem(at + (key,), f"unknown key {key!r}{extra} (known: {', '.join(known_fields(axes))})")
+                continue
+            pred = self.predicate(at + (key,), key, kind, raw, axes)
+            if pred is not None:
+                preds.append(pred)
+        return tuple(preds)
+
+    def predicate(self, at: tuple[Any, ...], key: str, kind: str, raw: Any,
+                  axes: Mapping[str, tuple[Any, ...]]) -> Predicate | None:
+        if isinstance(raw, dict):
+            if set(raw) != {"not"}:
+                self.problem(at, f"a table value must be {{ not = [...] }}, got keys {sorted(raw)}")
+                return None
+            values = raw["not"] if isinstance(raw["not"], list) else [raw["not"]]
+            checked = [self.value(at, key, kind, v, axes) for v in values]
+            return None if any(v is _BAD for v in checked) else Predicate(key, "not-in", tuple(checked))
+        if isinstance(raw, list):
+            if not raw:
+                self.problem(at, "an empty list matches nothing")
+                return None
+            checked = [self.value(at, key, kind, v, axes) for v in raw]
+            return None if any(v is _BAD for v in checked) else Predicate(key, "in", tuple(checked))
+        if isinstance(raw, str) and (m := _COMPARE.match(raw)):
+            if kind != "int":
+                self.problem(at, f"comparison {raw!r} needs a numeric field; {key} is {kind}")
+                return None
+            op, number = m.group(1), int(m.group(2))
+            if op in ("==", "!="):
+                v = self.value(at, key, kind, number, axes)
+                if v is _BAD:
+                    return None
+                return Predicate(key, "in" if op == "==" else "not-in", (v,))
+            return Predicate(key, op, (number,))
+        if isinstance(raw, str) and raw.startswith("!"):
+            v = self.value(at, key, kind, _coerce(raw[1:], kind), axes)
+            return None if v is _BAD else Predicate(key, "not-in", (v,))
+        v = self.value(at, key, kind, raw, axes)
+        return None if v is _BAD else Predicate(key, "in", (v,))
+
+    def value(self, at: tuple[Any, ...], key: str, kind: str, v: Any,
+              axes: Mapping[str, tuple[Any, ...]]) -> Any:
+        expected = {"int": int, "bool": bool, "str": str}[kind]
+        if isinstance(v, bool) is not (kind == "bool") or not isinstance(v, expected):
+            self.problem(at, f"{key} takes {kind} values, got {v!r}")
+            return _BAD
+        if key in axes and v not in axes[key]:
+            known = ", ".join(str(x) for x in axes[key])
+            self.problem(at, f"unknown value {v!r} (known: {known})")
+            return _BAD
+        return v
+
+    def reject(self, at: tuple[Any, ...], table: Any, axes: Mapping[str, tuple[Any, ...]]
+               ) -> tuple[str | None, str | None, str | None]:
+        if not isinstance(table, dict):
+            self.problem(at, "reject must be a table: { error = \"ValueError\", message = \"...\" }")
+            return None, None, None
+        for key in table:
+            if key not in REJECT_KEYS:
+                self.problem(at + (key,), f"unknown key {key!r} (known: {', '.join(REJECT_KEYS)})")
+        error = table.get("error")
+        if not isinstance(error, str) or not _ERROR_NAME.match(error):
+            self.problem(at + ("error",), f"error must name an exception type such as 'ValueError', got {error!r}")
+        message, match = table.get("message"), table.get("match")
+        if (message is None) == (match is None):
+            self.problem(at, "reject needs exactly one of 'message' (exact text) or 'match' (regex)")
+        if message is not None:
+            if not isinstance(message, str):
+                self.problem(at + ("message",), f"message must be a string, got {message!r}")
+            else:
+                for name in placeholders(message):
+                    if field_kind(name) is None or (name in AXES and name not in axes):
+                        self.problem(at + ("message",),
+                                     f"placeholder {{{name}}} names no axis or field "
+                                     f"(known: {', '.join(known_fields(axes))}; write {{{{ for a literal brace)")
+        if match is not None:
+            if not isinstance(match, str):
+                self.problem(at + ("match",), f"match must be a string, got {match!r}")
+            else:
+                try:
+                    re.compile(match)
+                except re.error as exc:
+                    self.problem(at + ("match",), f"bad regex {match!r}: {exc}")
+        return error, message, match
+
+    # -- rules no cell can reach -------------------------------------------------------
+    def reachability(self, rules: tuple[Rule, ...], axes: Mapping[str, tuple[Any, ...]],
+                     models: Mapping[str, ModelConfig]) -> None:
+        """Report rules that match no cell, or whose every cell an earlier rule decides.
+
+        A rule gated by ``engine_version`` or one that only marks ``xfail`` never
+        shadows a later rule: under some engine version, or as a marker, the
+        later rule still decides.
+        """
+        matched: set[int] = set()
+        decided: set[int] = set()
+        shadow: dict[int, int] = {}
+        for cell in expand_cells(axes):
+            model = models[cell.model]
+            decider: Rule | None = None
+            for rule in rules:
+                if not rule.matches(cell, model):
+                    continue
+                matched.add(rule.index)
+                if decider is None:
+                    decided.add(rule.index)
+                    if rule.outcome is not None and rule.engine_version is None:
+                        decider = rule
+                else:
+                    shadow.setdefault(rule.index, decider.index)
+            if len(decided) == len(rules):
+                break
+        by_index = {r.index: r for r in rules}
+        for rule in rules:
+            if rule.index not in matched:
+                self.problem(("rule", rule.index, "when"), "rule matches no cell of the matrix")
+            elif rule.index not in decided:
+                earlier = by_index[shadow[rule.index]]
+                self.problem(("rule", rule.index),
+                             f"rule is unreachable: every cell it matches is decided earlier by {earlier.label}")
+
+
+class _Bad:
+    pass
+
+
+_BAD = _Bad()
+
+
+def _coerce(text: str, kind: str) -> Any:
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            return text
+    if kind == "bool":
+        return {"true": True, "false": False}.get(text, text)
+    return text
+
+
+def _format_path(path: tuple[Any, ...]) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            key = str(part)
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
+                key = f'"{key}"'
+            out += f".{key}" if out else key
+    return out

@@ -1,0 +1,178 @@
+"""Rules: a ``when`` predicate over cell coordinates and model fields, and an outcome.
+
+The first matching rule decides a cell, in file order, like an engine's own
+check order. A rule may carry ``xfail`` (a known bug) with or without an
+outcome; an ``xfail``-only rule marks the cell and lets the next matching rule
+decide what it must do. Rules gated by ``engine_version`` apply only to the
+engine versions their specifier admits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+from typing import Any, Callable, Mapping
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from .cells import AXES, INT_AXES, Cell, arch_number
+from .models import MODEL_FIELDS, ModelConfig
+from .spec import parse_spec
+
+#: Derived fields a rule may test besides the axes and ``model.<field>``.
+SPEC_FIELDS = ("topk", "steps", "tree", "enabled", "algorithm", "s_q")
+DERIVED_FIELDS = tuple(f"spec.{f}" for f in SPEC_FIELDS) + ("arch.sm",)
+
+_COMPARE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+)\s*$")
+_OPS: Mapping[str, Callable[[Any, Any], bool]] = {
+    ">=": operator.ge, "<=": operator.le, "==": operator.eq,
+    "!=": operator.ne, ">": operator.gt, "<": operator.lt,
+}
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def field_kind(key: str) -> str | None:
+    """'int', 'bool' or 'str' for a key a rule may test; None if unknown."""
+    if key in INT_AXES or key in ("spec.topk", "spec.steps", "spec.s_q", "arch.sm"):
+        return "int"
+    if key in AXES or key == "spec.algorithm":
+        return "str"
+    if key in ("spec.tree", "spec.enabled"):
+        return "bool"
+    if key.startswith("model."):
+        field = key[len("model."):]
+        if field in MODEL_FIELDS:
+            return "bool" if field == "mla" else "int"
+    return None
+
+
+def known_fields(axes: Mapping[str, Any]) -> list[str]:
+    return [a for a in AXES if a in axes] + [f"model.{f}" for f in MODEL_FIELDS] + list(DERIVED_FIELDS)
+
+
+def field_value(key: str, cell: Cell, model: ModelConfig) -> Any:
+    if key.startswith("model."):
+        return model.field(key[len("model."):])
+    if key.startswith("spec."):
+        s = parse_spec(cell.spec)
+        return {
+            "spec.topk": s.topk, "spec.steps": s.steps, "spec.tree": s.is_tree,
+            "spec.enabled": s.enabled, "spec.algorithm": s.algorithm or "none", "spec.s_q": s.s_q,
+        }[key]
+    if key == "arch.sm":
+        return arch_number(cell.arch)
+    return getattr(cell, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicate:
+    key: str
+    op: str  # "in", "not-in", or a comparison operator
+    values: tuple[Any, ...]
+
+    def test(self, value: Any) -> bool:
+        if self.op == "in":
+            return value in self.values
+        if self.op == "not-in":
+            return value not in self.values
+        if value is None or isinstance(value, bool):
+            return False
+        return _OPS[self.op](value, self.values[0])
+
+    def describe(self) -> str:
+        if self.op == "in":
+            vals = self.values[0] if len(self.values) == 1 else list(self.values)
+            return f"{self.key} = {vals!r}"
+        if self.op == "not-in":
+            return f"{self.key} not in {list(self.values)!r}"
+        return f"{self.key} {self.op} {self.values[0]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    index: int
+    line: int | None
+    when: tuple[Predicate, ...]
+    outcome: str | None  # "accept", "reject", or None (xfail-only)
+    error: str | None = None
+    message: str | None = None  # exact text, with {field} placeholders
+    match: str | None = None  # regex, re.search
+    xfail: str | None = None
+    engine_version: SpecifierSet | None = None
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        where = f" (line {self.line})" if self.line else ""
+        return f"rule[{self.index}]{where}"
+
+    def applies_to_version(self, version: Version | None) -> bool:
+        if self.engine_version is None or version is None:
+            return True
+        return self.engine_version.contains(version, prereleases=True)
+
+    def matches(self, cell: Cell, model: ModelConfig) -> bool:
+        return all(p.test(field_value(p.key, cell, model)) for p in self.when)
+
+    def why(self, cell: Cell, model: ModelConfig) -> list[tuple[str, Any, bool]]:
+        """Each predicate with the cell's value and whether it held (for ``explain``)."""
+        out = []
+        for p in self.when:
+            value = field_value(p.key, cell, model)
+            out.append((p.describe(), value, p.test(value)))
+        return out
+
+
+def render_message(template: str, cell: Cell, model: ModelConfig) -> str:
+    """Fill ``{backend}``-style placeholders; ``{{``/``}}`` are literal braces."""
+    sentinel_open, sentinel_close = "\x00", "\x01"
+    text = template.replace("{{", sentinel_open).replace("}}", sentinel_close)
+    text = _PLACEHOLDER.sub(lambda m: str(field_value(m.group(1), cell, model)), text)
+    return text.replace(sentinel_open, "{").replace(sentinel_close, "}")
+
+
+def placeholders(template: str) -> list[str]:
+    return _PLACEHOLDER.findall(template.replace("{{", "").replace("}}", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """What the matrix says a cell must do."""
+
+    kind: str  # "accept" or "reject"
+    error: str | None = None
+    message: str | None = None  # rendered exact text
+    match: str | None = None  # regex
+    xfail: str | None = None
+    rule: int | None = None  # index of the deciding rule, None = default accept
+    rule_line: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        if self.kind == "accept":
+            return "accept"
+        if self.message is not None:
+            return f"reject with {self.error}: {self.message}"
+        return f"reject with {self.error} matching /{self.match}/"
+
+
+def decide(rules: tuple[Rule, ...], cell: Cell, model: ModelConfig,
+           engine_version: Version | None) -> Expectation:
+    """The expectation of ``cell``: the first matching rule wins."""
+    xfail: str | None = None
+    for rule in rules:
+        if not rule.applies_to_version(engine_version) or not rule.matches(cell, model):
+            continue
+        if rule.outcome is None:
+            xfail = xfail or rule.xfail
+            continue
+        reason = rule.xfail or xfail
+        if rule.outcome == "accept":
+            return Expectation("accept", xfail=reason, rule=rule.index, rule_line=rule.line)
+        message = render_message(rule.message, cell, model) if rule.message is not None else None
+        return Expectation("reject", rule.error, message, rule.match, reason, rule.index, rule.line)
+    return Expectation("accept", xfail=xfail)

@@ -1,0 +1,1 @@
+"""Engine adapters: the built-in reference engine and, optionally, real engines."""

@@ -1,0 +1,54 @@
+"""The engine adapter interface.
+
+An engine is the subject under test. Given a cell it configures the backend
+the way the real engine would, raising the engine's own error when it
+refuses, and says which decode kernel (if any) can be run here to check the
+accepted configuration's numbers. An adapter never computes the expectation
+it is checked against: that lives in the matrix file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+from ..core.cells import Cell
+from ..core.models import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """A backend's decode kernel and what it declares it can do."""
+
+    name: str  # e.g. "triton"
+    target: str  # import path "module:attr" of a callable with the mla_decode signature
+    returns_lse: bool = True  # returns a rank-local LSE (needed for the DCP merge)
+    dcp_positions: bool = True  # masks by global positions under DCP (needed for DCP + spec)
+    tree_mask: bool = True  # takes a speculative tree mask
+
+
+@dataclasses.dataclass(frozen=True)
+class Configured:
+    """An accepted configuration."""
+
+    backends: Mapping[str, str]  # role → backend, e.g. {"decode": "triton", "prefill": "triton"}
+    kernel: KernelSpec | None = None  # the decode kernel to check, when one is runnable here
+    kernel_reason: str | None = None  # why there is none
+    notes: tuple[str, ...] = ()  # rewrites the engine made (page size forced, aliases)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    version: str
+    #: Exception types that mean "the engine refused this configuration".
+    #: Anything else raised by ``configure`` is a crash (verdict ``error``).
+    refusal_errors: tuple[type[BaseException], ...]
+
+    def configure(self, cell: Cell, model: ModelConfig) -> Configured:
+        """Configure the cell's backend; raise the engine's own error to refuse."""
+        ...
+
+    def metadata(self) -> Mapping[str, Any]:
+        """Plain values for the report's run metadata (versions, stubs, ...)."""
+        ...

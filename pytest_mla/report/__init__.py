@@ -1,0 +1,1 @@
+"""Reports: the JSON result file (primary artifact) and its renderings."""

@@ -1,0 +1,110 @@
+"""The JSON result file: the one primary artifact every rendering is built from.
+
+Schema (version 1), documented in ``docs/report-schema.md``::
+
+    {"schema": "pytest-mla/result", "schema_version": 1,
+     "run": {...run metadata...}, "cells": [{...one record per cell...}]}
+
+Written atomically: a temporary file in the same folder, then ``os.replace``,
+so a killed run never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+SCHEMA = "pytest-mla/result"
+SCHEMA_VERSION = 1
+
+
+class ResultFileError(ValueError):
+    """A file that is not a readable pytest-mla result; prints as one line."""
+
+
+def build_document(run: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": dict(run), "cells": list(cells)}
+
+
+def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1, ensure_ascii=False, allow_nan=False, default=_plain)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def write_results(path: str | os.PathLike[str], run: Mapping[str, Any],
+                  cells: Sequence[Mapping[str, Any]]) -> Path:
+    return write_json_atomic(path, build_document(run, cells))
+
+
+def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load and check a result file; raise ``ResultFileError`` with a one-line reason."""
+    shown = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ResultFileError(f"{shown}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ResultFileError(f"{shown}: not a pytest-mla result file (not UTF-8 text)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = " (truncated?)" if exc.pos >= len(text.rstrip()) else ""
+        raise ResultFileError(f"{shown}:{exc.lineno}: invalid JSON{hint}: {exc.msg}") from None
+    return check_document(doc, shown)
+
+
+def check_document(doc: Any, shown: str = "<result>") -> dict[str, Any]:
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ResultFileError(f"{shown}: not a pytest-mla result file (no \"schema\": \"{SCHEMA}\")")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ResultFileError(
+            f"{shown}: schema version {version!r} is not supported (this pytest-mla reads version {SCHEMA_VERSION})"
+        )
+    if not isinstance(doc.get("run"), dict) or not isinstance(doc.get("cells"), list):
+        raise ResultFileError(f"{shown}: malformed result file: needs a \"run\" object and a \"cells\" list")
+    for i, cell in enumerate(doc["cells"]):
+        if not isinstance(cell, dict) or not isinstance(cell.get("id"), str) or "verdict" not in cell:
+            raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: needs \"id\" and \"verdict\"")
+    return doc
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"not a plain JSON value: {type(value).__name__}")

@@ -1,0 +1,205 @@
+"""Per-process state of a matrix run: matrices, engines, kernel results, the cell runner.
+
+One ``MatrixRun`` lives in ``config.stash[run_key]`` in every process (the
+controller and each xdist worker). ``run_cell`` turns one cell into a record
+of plain values; nothing here writes files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from .core.cells import Cell
+from .core.errors import MatrixError, Problem
+from .core.matrix import Matrix, load_matrix
+from .core.models import ModelConfig, ModelConfigError
+from .core.rules import Expectation
+from .core.verdicts import (
+    ACCEPTED, ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, VERIFIED, Outcome, judge,
+)
+from .engines.protocol import Configured, Engine, KernelSpec
+from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
+from .options import Settings
+
+if TYPE_CHECKING:
+    import pytest
+
+
+@dataclasses.dataclass
+class LoadedMatrix:
+    matrix: Matrix
+    engine: Engine | None
+    skip_reason: str | None  # every cell skips (engine missing, version not described)
+
+
+class MatrixRun:
+    def __init__(self, config: "pytest.Config", settings: Settings, files: list[Path]) -> None:
+        self.config = config
+        self.settings = settings
+        self.files = files
+        self._loaded: dict[Path, LoadedMatrix] = {}
+        self._engines: dict[str, Engine | Exception] = {}
+        self._kernel_results: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._host_kernel_target: str | None = None  # "interpreter" or an arch, once known
+        self._extra_models: dict[str, ModelConfig] | None = None
+
+    # -- loading ---------------------------------------------------------------------
+    def display_path(self, path: Path) -> str:
+        try:
+            return os.fspath(path.relative_to(self.config.rootpath))
+        except ValueError:
+            return os.fspath(path)
+
+    def extra_models(self) -> dict[str, ModelConfig]:
+        if self._extra_models is None:
+            models: dict[str, ModelConfig] = {}
+            for result in self.config.hook.pytest_mla_models(config=self.config):
+                for name, entry in (result or {}).items():
+                    if isinstance(entry, ModelConfig):
+                        models[name] = entry
+                    else:
+                        try:
+                            models[name] = ModelConfig.from_mapping(name, entry)
+                        except ModelConfigError as exc:
+                            raise MatrixError("pytest_mla_models", [Problem(f"{name}.{exc.key}", exc.message)]) from None
+            self._extra_models = models
+        return self._extra_models
+
+    def load(self, path: Path) -> LoadedMatrix:
+        """Load (once per process) a matrix file and its engine; ``MatrixError`` if broken."""
+        path = path.resolve()
+        if path not in self._loaded:
+            shown = self.display_path(path)
+            matrix = load_matrix(path, extra_models=self.extra_models(), display_path=shown)
+            engine, reason = self.engine(matrix)
+            if engine is not None and not matrix.describes(str(engine.version)):
+                reason = (f"{shown} describes {matrix.engine_name} {matrix.engine_versions}, "
+                          f"but version {engine.version} is installed")
+            self._loaded[path] = LoadedMatrix(matrix, engine, reason)
+        return self._loaded[path]
+
+    def engine(self, matrix: Matrix) -> tuple[Engine | None, str | None]:
+        name = matrix.engine_name
+        if name not in self._engines:
+            try:
+                made = self.config.hook.pytest_mla_make_engine(config=self.config, name=name)
+                if made is None:
+                    extra: dict[str, Any] = {}
+                    for result in self.config.hook.pytest_mla_engines(config=self.config):
+                        extra.update(result or {})
+                    made = load_engine(name, extra)
+                self._engines[name] = made
+            except EngineUnavailableError as exc:
+                self._engines[name] = exc
+            except EngineNotFoundError as exc:
+                raise MatrixError(matrix.path, [Problem("engine.name", str(exc))]) from None
+        engine = self._engines[name]
+        if isinstance(engine, Exception):
+            return None, str(engine)
+        return engine, None
+
+    # -- running one cell ----------------------------------------------------------------
+    def run_cell(self, loaded: LoadedMatrix, cell: Cell, expect: Expectation) -> dict[str, Any]:
+        start = time.perf_counter()
+        record = base_record(loaded.matrix, cell, expect)
+        if loaded.skip_reason or loaded.engine is None:
+            record.update(verdict=SKIP, reason=loaded.skip_reason)
+            return finish(record, start)
+        engine = loaded.engine
+        model = loaded.matrix.model(cell)
+        configured: Configured | None = None
+        try:
+            configured = engine.configure(cell, model)
+            outcome = Outcome(ACCEPTED, backends=dict(configured.backends))
+        except engine.refusal_errors as exc:
+            outcome = Outcome.from_exception(exc)
+        except Exception as exc:
+            outcome = Outcome.from_exception(exc, crashed=True)
+            record["traceback"] = "".join(traceback.format_exception(exc, limit=-8))
+        verdict, reason = judge(expect, outcome)
+        record["outcome"] = outcome.as_dict()
+        if configured is not None and configured.notes:
+            record["notes"] = list(configured.notes)
+        if configured is not None:
+            kernel = self.kernel_check(loaded.matrix, cell, model, configured, run=verdict == PASS)
+            record["kernel"] = kernel
+            if kernel["status"] == KERNEL_FAILED:
+                verdict = ERROR if kernel.get("crashed") else FAIL
+                reason = kernel.get("message") or "kernel out of tolerance"
+        record.update(verdict=verdict, reason=reason)
+        return finish(record, start)
+
+    # -- kernels -------------------------------------------------------------------------
+    def kernel_check(self, matrix: Matrix, cell: Cell, model: ModelConfig, configured: Configured,
+                     *, run: bool) -> dict[str, Any]:
+        spec: KernelSpec | None = self.config.hook.pytest_mla_kernel(
+            config=self.config, cell=cell, spec=configured.kernel) or configured.kernel
+        if not run:
+            return not_run("the engine's answer did not match the expectation")
+        if self.settings.kernel == "off":
+            return not_run("kernel checks disabled (--mla-kernel=off)")
+        if spec is None:
+            return not_run(configured.kernel_reason or "the engine declares no decode kernel for this backend")
+        where = self.kernel_target()
+        if where != "interpreter" and where != cell.arch:
+            return not_run(f"needs an {cell.arch} GPU; this host is {where}")
+        from .kernels import harness  # torch and triton load here, not at plugin import
+
+        seed = self.settings.seed if self.settings.seed is not None else matrix.seed
+        case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype)
+        key = (case, spec.target, where, self.settings.dcp_mode)
+        cached = self._kernel_results.get(key)
+        if cached is not None:
+            return {**cached, "reused": True}
+        try:
+            result = harness.run_kernel_check(case, spec.target, dcp_mode=self.settings.dcp_mode, where=where)
+        except Exception as exc:  # a kernel that crashes is an error of the cell, with its message
+            result = {"status": KERNEL_FAILED, "where": where, "crashed": True,
+                      "message": f"kernel crashed: {type(exc).__name__}: {exc}", "case": case.as_dict()}
+        result = {**result, "kernel": spec.name, "reused": False}
+        self._kernel_results[key] = result
+        return result
+
+    def kernel_target(self) -> str:
+        if self._host_kernel_target is None:
+            from .kernels import _mode  # decides TRITON_INTERPRET before any kernel module loads
+
+            self._host_kernel_target = _mode.ensure_triton_mode()
+        return self._host_kernel_target
+
+
+def base_record(matrix: Matrix, cell: Cell, expect: Expectation) -> dict[str, Any]:
+    return {
+        "id": cell.id,
+        "matrix": matrix.name,
+        "coords": cell.coords,
+        "expectation": expect.as_dict(),
+        "outcome": None,
+        "verdict": None,
+        "reason": None,
+        "kernel": None,
+    }
+
+
+def finish(record: dict[str, Any], start: float) -> dict[str, Any]:
+    record["duration_s"] = round(time.perf_counter() - start, 6)
+    return record
+
+
+def not_run(reason: str) -> dict[str, Any]:
+    return {"status": NOT_RUN, "where": None, "reason": reason}
+
+
+def crash_record(matrix: Matrix, cell: Cell, expect: Expectation, message: str) -> dict[str, Any]:
+    """The record of a cell whose process died or whose harness raised."""
+    record = base_record(matrix, cell, expect)
+    record.update(verdict=ERROR, reason=message, duration_s=None)
+    return record
+
+
+__all__ = ["MatrixRun", "LoadedMatrix", "crash_record", "VERIFIED"]
