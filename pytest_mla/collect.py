@@ -23,6 +23,11 @@ class CellError(Exception):
     """The engine, kernel or harness crashed (verdict ``error``)."""
 
 
+def kernel_group(cell: Cell) -> str:
+    """Cells with the same numeric kernel configuration: the id without the arch."""
+    return "/".join(p for a, p in zip(cell.coords, cell.parts) if a != "arch")
+
+
 class MatrixFile(pytest.File):
     def collect(self) -> Iterator["CellItem"]:
         from .plugin import run_key  # one run object per process
@@ -30,9 +35,14 @@ class MatrixFile(pytest.File):
         run = self.config.stash[run_key]
         loaded = run.load(self.path)
         version = loaded.engine.version if loaded.engine is not None else None
+        grouped = self.config.pluginmanager.hasplugin("xdist")
         for cell in loaded.matrix.cells():
             expect = loaded.matrix.expectation(cell, version)
             item = CellItem.from_parent(self, name=cell.name, cell=cell, expectation=expect)
+            if grouped:
+                # With --dist loadgroup, cells that differ only by arch share a worker
+                # and so one kernel check.
+                item.add_marker(pytest.mark.xdist_group(kernel_group(cell)))
             if expect.xfail:
                 item.add_marker(pytest.mark.xfail(reason=expect.xfail, raises=CellMismatch, strict=False))
             yield item

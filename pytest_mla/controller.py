@@ -98,8 +98,10 @@ class ResultCollector:
             document = self.document(loaded)
             if not document["cells"] and not self.records:
                 continue
-            stem = out / loaded.matrix.name
-            self.written.append(write_results(stem.with_suffix(".json"), document["run"], document["cells"]))
+            engine = document["run"]["engine"]
+            stem = out / self.run.settings.report_name.format(
+                matrix=loaded.matrix.name, engine=engine["name"], version=engine["version"] or "unavailable")
+            self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
             self.written += render_files(document, stem, self.run.settings.formats)
 
     def document(self, loaded: Any) -> dict[str, Any]:
@@ -176,12 +178,17 @@ def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...])
     if "md" in formats:
         from .report.markdown import render_markdown
 
-        written.append(write_text_atomic(stem.with_suffix(".md"), render_markdown(document)))
+        written.append(write_text_atomic(_with_ext(stem, "md"), render_markdown(document)))
     if "html" in formats:
         from .report.html import render_html
 
-        written.append(write_text_atomic(stem.with_suffix(".html"), render_html(document)))
+        written.append(write_text_atomic(_with_ext(stem, "html"), render_html(document)))
     return written
+
+
+def _with_ext(stem: Path, ext: str) -> Path:
+    """``stem.ext`` even when the stem has dots of its own (``sglang-0.5.23``)."""
+    return stem.parent / f"{stem.name}.{ext}"
 
 
 def _matrix_summary(collector: ResultCollector) -> str:

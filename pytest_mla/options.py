@@ -29,6 +29,7 @@ class Settings:
     arch: str = "auto"
     baseline: str | None = None
     dcp_timeout: float = 120.0
+    report_name: str = "{matrix}"
 
 
 def parse_select(values: list[str], option: str = "--mla-select") -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -106,3 +107,24 @@ def parse_timeout(text: str, option: str) -> float:
     if value <= 0:
         raise pytest.UsageError(f"{option}: expected a positive number of seconds, got {text!r}")
     return value
+
+
+REPORT_NAME_FIELDS = ("matrix", "engine", "version")
+
+
+def parse_report_name(text: str, option: str = "--mla-report-name") -> str:
+    """A file-stem template with {matrix}, {engine} and {version} placeholders."""
+    import string
+
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as exc:
+        raise pytest.UsageError(f"{option}: bad template {text!r}: {exc}") from None
+    for field in fields:
+        if field not in REPORT_NAME_FIELDS:
+            raise pytest.UsageError(
+                f"{option}: unknown placeholder {{{field}}} in {text!r} (known: {', '.join(REPORT_NAME_FIELDS)})"
+            )
+    if not text.strip() or "/" in text or "\\" in text:
+        raise pytest.UsageError(f"{option}: expected a file name stem such as '{{engine}}-{{version}}', got {text!r}")
+    return text

@@ -15,11 +15,11 @@ from typing import Any, Generator
 
 import pytest
 
-from .collect import RECORD_ATTR, CellItem, MatrixFile
+from .collect import RECORD_ATTR, CellItem, MatrixFile, kernel_group
 from .core.verdicts import ERROR, XFAIL, XPASS
 from .host import probe_host
 from .options import (
-    DCP_MODES, KERNEL_MODES, Settings, parse_arch, parse_choice, parse_formats, parse_seed,
+    DCP_MODES, KERNEL_MODES, Settings, parse_arch, parse_choice, parse_formats, parse_report_name, parse_seed,
     parse_select, parse_shard, parse_timeout,
 )
 from .runner import MatrixRun, crash_record
@@ -60,6 +60,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seed of the kernel checks' random inputs (default: the matrix's [kernel] seed, 0).")
     group.addoption("--mla-report-dir", default=None, metavar="DIR",
                     help="where result files go (default 'reports' under the rootdir); 'none' writes nothing.")
+    group.addoption("--mla-report-name", default=None, metavar="TEMPLATE",
+                    help="file stem of the result files, with {matrix}, {engine}, {version} "
+                         "(default '{matrix}': reports/<matrix>.json).")
     group.addoption("--mla-report-format", default=None, metavar="FORMATS",
                     help="comma-separated formats besides JSON: md, html (default json,md,html).")
     group.addoption("--mla-baseline", default=None, metavar="OLD.json",
@@ -67,6 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("mla_matrix_files", type="linelist", default=[DEFAULT_MATRIX_GLOB],
                   help="glob patterns (relative to the rootdir) of matrix files run by --mla-matrix")
     parser.addini("mla_report_dir", default="reports", help="default of --mla-report-dir")
+    parser.addini("mla_report_name", default="{matrix}", help="default of --mla-report-name")
     parser.addini("mla_report_format", default="json,md,html", help="default of --mla-report-format")
     parser.addini("mla_kernel", default="auto", help="default of --mla-kernel")
     parser.addini("mla_dcp_mode", default="in-process", help="default of --mla-dcp-mode")
@@ -101,6 +105,7 @@ def read_settings(config: pytest.Config) -> Settings:
         arch=parse_arch(_opt(config, "--mla-arch", "mla_arch")),
         baseline=config.getoption("--mla-baseline"),
         dcp_timeout=parse_timeout(timeout, "--mla-dcp-timeout") if timeout else 120.0,
+        report_name=parse_report_name(_opt(config, "--mla-report-name", "mla_report_name")),
     )
 
 
@@ -189,7 +194,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             ok = cell.arch == settings.arch
         if ok and settings.shard is not None:
             # Cells that differ only by arch share one kernel check: keep them on one shard.
-            group = (item.path, cell.model, cell.backend, cell.dcp, cell.spec, cell.kv_dtype, cell.page_size, cell.tp)
+            group = (item.path, kernel_group(cell))
             index = groups.setdefault(group, len(groups))
             ok = index % settings.shard[1] == settings.shard[0] - 1
         (keep if ok else dropped).append(item)
@@ -236,7 +241,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     for file in run.files:
         try:
             loaded = run.load(file)
-        except Exception:
+        except Exception as exc:
+            lines.append(f"mla: {run.display_path(file)}: cannot be loaded ({type(exc).__name__}; see errors)")
             continue
         eng = loaded.engine
         engine = f"{loaded.matrix.engine_name} {eng.version}" if eng is not None else \

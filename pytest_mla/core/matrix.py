@@ -92,9 +92,11 @@ def load_matrix(path: str | os.PathLike[str], *, extra_models: Mapping[str, Mode
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        line = getattr(exc, "lineno", None)
+        # Python 3.11's TOMLDecodeError has the position only in its text.
+        pos = re.search(r"\(at line (\d+), column (\d+)\)$", str(exc))
+        line = getattr(exc, "lineno", None) or (int(pos.group(1)) if pos else None)
+        col = getattr(exc, "colno", None) or (int(pos.group(2)) if pos else None)
         msg = getattr(exc, "msg", None) or re.sub(r"\s*\(at line \d+, column \d+\)$", "", str(exc))
-        col = getattr(exc, "colno", None)
         where = f" (column {col})" if col else ""
         raise MatrixError(shown, [Problem("", f"invalid TOML: {msg}{where}", line)]) from None
     builder = _Builder(shown, LineIndex(text), extra_models or {})
@@ -432,7 +434,7 @@ class _Builder:
                 self.problem(("rule", rule.index, "when"), "rule matches no cell of the matrix")
             elif rule.index not in decided:
                 earlier = by_index[shadow[rule.index]]
-                self.problem(("rule", rule.index),
+                self.problem(("rule", rule.index, "when"),
                              f"rule is unreachable: every cell it matches is decided earlier by {earlier.label}")
 
 

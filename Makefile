@@ -1,0 +1,45 @@
+# pytest-mla — two commands on a fresh machine:
+#   make matrix   run the built-in matrix on the built-in engine, write reports/
+#   make test     run the project's test suite
+# Both create .venv (Python 3.11+) on first use and install the project into it.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.pytest-mla-installed
+JOBS   ?= 2
+
+# torch==2.13.0 is the CPU wheel on this machine's disk: an unpinned torch
+# would pull a multi-GB CUDA build.
+PINS := torch==2.13.0 triton==3.9.0 numpy pytest==9.2.0 pytest-xdist==3.8.0 tabulate packaging setuptools wheel
+
+.PHONY: matrix test conformance bench clean help
+
+help:
+	@echo "make matrix       run matrix/reference.toml on the built-in engine, write reports/"
+	@echo "make test         run the test suite (pytest -n $(JOBS))"
+	@echo "make conformance  run the SGLang and vLLM matrices in their own venvs"
+	@echo "make bench        print benchmark numbers (plugin overhead, kernel, report)"
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PINS)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
+	@touch $(STAMP)
+
+matrix: $(STAMP)
+	$(BIN)/pytest --mla-matrix -p no:cacheprovider -n $(JOBS) --dist loadgroup -q
+
+test: $(STAMP)
+	$(BIN)/pytest -p no:cacheprovider -n $(JOBS)
+
+conformance: $(STAMP)
+	bash tools/conformance.sh
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/kernel.py
+	$(BIN)/python benchmarks/report.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,291 @@
+"""Matrix files: semantics, and every kind of mistake reported with file and line."""
+
+import textwrap
+
+import pytest
+
+from pytest_mla.core.cells import Cell
+from pytest_mla.core.errors import MatrixError
+from pytest_mla.core.matrix import load_matrix
+
+AXES = """
+[axes]
+model   = ["deepseek-v3", "llama-3.1-8b"]
+backend = ["triton", "trtllm_mla", "fa3"]
+dcp     = [1, 2, 4]
+spec    = ["none", "eagle-1x3", "eagle-4x3"]
+arch    = ["sm90", "sm100"]
+"""
+
+
+def write(tmp_path, body, axes=AXES, name="m.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(axes) + textwrap.dedent(body))
+    return path
+
+
+def problems(tmp_path, body, axes=AXES):
+    path = write(tmp_path, body, axes)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    return str(info.value).splitlines()
+
+
+def line_of(path, needle):
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        if needle in line:
+            return i
+    raise AssertionError(needle)
+
+
+# -- semantics ---------------------------------------------------------------------------
+
+def test_first_matching_rule_wins_and_placeholders_fill(tmp_path):
+    m = load_matrix(write(tmp_path, """
+        [[rule]]
+        when = { backend = "trtllm_mla", "model.mla" = false }
+        reject = { error = "ValueError", message = "{backend} backend can only be used with MLA models." }
+        [[rule]]
+        when = { backend = "trtllm_mla" }
+        reject = { error = "ValueError", match = "^TRTLLM" }
+    """))
+    first = m.expectation(Cell("llama-3.1-8b", "trtllm_mla", 1, "none", "sm100"))
+    assert (first.kind, first.error, first.message, first.rule) == (
+        "reject", "ValueError", "trtllm_mla backend can only be used with MLA models.", 0)
+    second = m.expectation(Cell("deepseek-v3", "trtllm_mla", 1, "none", "sm100"))
+    assert (second.match, second.rule) == ("^TRTLLM", 1)
+    assert m.expectation(Cell("deepseek-v3", "triton", 1, "none", "sm100")).kind == "accept"
+
+
+def test_comparisons_negation_lists_and_not_tables(tmp_path):
+    m = load_matrix(write(tmp_path, """
+        [[rule]]
+        when = { dcp = ">1", spec = "!none", backend = { not = ["triton", "fa3"] } }
+        reject = { error = "ValueError", message = "dcp {dcp} with {spec}" }
+        [[rule]]
+        when = { "spec.topk" = ">=2", "arch.sm" = "<100" }
+        reject = { error = "ValueError", message = "tree on {arch}" }
+    """))
+    e = m.expectation(Cell("deepseek-v3", "trtllm_mla", 2, "eagle-1x3", "sm100"))
+    assert e.message == "dcp 2 with eagle-1x3"
+    assert m.expectation(Cell("deepseek-v3", "trtllm_mla", 1, "eagle-1x3", "sm100")).kind == "accept"
+    assert m.expectation(Cell("deepseek-v3", "triton", 2, "eagle-1x3", "sm100")).kind == "accept"
+    assert m.expectation(Cell("deepseek-v3", "triton", 1, "eagle-4x3", "sm90")).message == "tree on sm90"
+    assert m.expectation(Cell("deepseek-v3", "triton", 1, "eagle-4x3", "sm100")).kind == "accept"
+
+
+def test_engine_version_gates_and_xfail_fall_through(tmp_path):
+    m = load_matrix(write(tmp_path, """
+        [[rule]]
+        when = { backend = "fa3", arch = "sm100" }
+        xfail = "accepted by mistake before 0.5.20"
+        engine_version = "<0.5.20"
+        [[rule]]
+        when = { backend = "trtllm_mla", dcp = ">1", spec = "!none" }
+        reject = { error = "ValueError", match = "Select cutedsl_mla\\\\.$" }
+        engine_version = ">=0.5.23"
+        [[rule]]
+        when = { backend = "trtllm_mla", dcp = ">1", spec = "!none" }
+        reject = { error = "ValueError", match = "Select cutedsl_mla or tokenspeed_mla\\\\.$" }
+        [[rule]]
+        when = { backend = "fa3", arch = "sm100" }
+        reject = { error = "AssertionError", match = "SM<=90" }
+    """))
+    dcp_spec = Cell("deepseek-v3", "trtllm_mla", 2, "eagle-1x3", "sm100")
+    assert m.expectation(dcp_spec, "0.5.23").rule == 1
+    assert m.expectation(dcp_spec, "0.5.22").rule == 2
+    fa3 = Cell("deepseek-v3", "fa3", 1, "none", "sm100")
+    old, new = m.expectation(fa3, "0.5.19"), m.expectation(fa3, "0.5.23")
+    assert (old.rule, old.xfail) == (3, "accepted by mistake before 0.5.20")
+    assert (new.rule, new.xfail) == (3, None)
+
+
+def test_models_table_adds_to_the_catalogue(tmp_path):
+    m = load_matrix(write(tmp_path, """
+        [models.tiny-mla]
+        mla = true
+        num_heads = 4
+        kv_lora_rank = 64
+        qk_rope_head_dim = 16
+        qk_nope_head_dim = 32
+        v_head_dim = 32
+    """, axes=AXES.replace('"llama-3.1-8b"]', '"llama-3.1-8b", "tiny-mla"]')))
+    assert m.models["tiny-mla"].d_qk == 80
+    assert m.axes["model"] == ("deepseek-v3", "llama-3.1-8b", "tiny-mla")
+    assert m.size == 3 * 3 * 3 * 3 * 2
+
+
+# -- every mistake says where ---------------------------------------------------------------
+
+def test_unknown_axis_value_names_file_line_path_and_known_values(tmp_path):
+    path = write(tmp_path, """
+        [[rule]]
+        when = { backend = "triton" }
+        reject = { error = "ValueError", message = "x" }
+        [[rule]]
+        when = { arch = "sm95" }
+        reject = { error = "ValueError", message = "x" }
+    """)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, 'arch = "sm95"')
+    assert str(info.value) == f"matrix/m.toml:{line}: rule[1].when.arch: unknown value 'sm95' (known: sm90, sm100)"
+
+
+@pytest.mark.parametrize("body, needle, expected", [
+    ("""
+     [[rule]]
+     when = { backend = "triton", bogus = 1 }
+     reject = { error = "ValueError", message = "x" }
+     """, "bogus", "rule[0].when.bogus: unknown key 'bogus'"),
+    ("""
+     [[rule]]
+     when = { backend = "triton" }
+     reject = { error = "ValueError", match = "([" }
+     """, "match", "rule[0].reject.match: bad regex '(['"),
+    ("""
+     [[rule]]
+     when = { backend = "triton" }
+     reject = { error = "ValueError", message = "x" }
+     engine_version = ">>0.5"
+     """, "engine_version", "rule[0].engine_version: invalid version specifier '>>0.5'"),
+    ("""
+     [[rule]]
+     when = { backend = "triton" }
+     reject = { error = "ValueError", message = "{backend} on {gpu}" }
+     """, "{gpu}", "rule[0].reject.message: placeholder {gpu} names no axis or field"),
+    ("""
+     [[rule]]
+     when = { backend = "triton", arch = "sm90" }
+     reject = { error = "ValueError", message = "x" }
+     [[rule]]
+     when = { backend = "triton", arch = "sm90", dcp = 2 }
+     reject = { error = "ValueError", message = "y" }
+     """, "dcp = 2", "rule[1].when: rule is unreachable: every cell it matches is decided earlier by rule[0]"),
+    ("""
+     [[rule]]
+     when = { backend = "triton", "model.num_heads" = ">1000" }
+     reject = { error = "ValueError", message = "x" }
+     """, "num_heads", "rule[0].when: rule matches no cell of the matrix"),
+    ("""
+     [models.deepseek-v3]
+     mla = true
+     num_heads = 1
+     """, "[models.deepseek-v3]", "models.deepseek-v3: duplicate model name 'deepseek-v3' (already in the built-in catalogue)"),
+    ("""
+     [[rule]]
+     when = { backend = "triton", dcp = ">x" }
+     reject = { error = "ValueError", message = "x" }
+     """, 'dcp = ">x"', "rule[0].when.dcp: dcp takes int values, got '>x'"),
+    ("""
+     [[rule]]
+     when = { backend = "triton", arch = ">90" }
+     reject = { error = "ValueError", message = "x" }
+     """, 'arch = ">90"', "rule[0].when.arch: comparison '>90' needs a numeric field; arch is str"),
+    ("""
+     [[rule]]
+     when = { backend = "triton" }
+     reject = { error = "Value Error", message = "x" }
+     """, "Value Error", "rule[0].reject.error: error must name an exception type"),
+    ("""
+     [[rule]]
+     when = { backend = "triton" }
+     reject = { error = "ValueError", message = "x", match = "y" }
+     """, "match", "rule[0].reject: reject needs exactly one of 'message' (exact text) or 'match' (regex)"),
+    ("""
+     [[rule]]
+     when = { backend = "triton" }
+     """, "[[rule]]", "rule[0]: a rule needs an outcome"),
+    ("""
+     [[rule]]
+     when = { backend = "triton" }
+     accept = true
+     colour = "red"
+     """, "colour", "rule[0].colour: unknown key 'colour' in rule"),
+    ("""
+     [engine]
+     name = "reference"
+     flavour = 1
+     """, "flavour", "engine.flavour: unknown key 'flavour'"),
+])
+def test_each_mistake_is_reported_with_its_line(tmp_path, body, needle, expected):
+    path = write(tmp_path, body)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, needle)
+    assert any(p.startswith(f"matrix/m.toml:{line}: {expected}") for p in str(info.value).splitlines()), str(info.value)
+
+
+@pytest.mark.parametrize("axes, needle, expected", [
+    (AXES.replace('"sm100"]', '"sm95x!"]'), "sm95x!", "axes.arch: unknown arch 'sm95x!'"),
+    (AXES.replace('["none",', '["medusa-3",'), "medusa", "axes.spec: unknown spec setting 'medusa-3'"),
+    (AXES.replace('"llama-3.1-8b"]', '"gpt-7"]'), "gpt-7", "axes.model: unknown model 'gpt-7'"),
+    (AXES.replace("[1, 2, 4]", "[1, 2, 2]"), "dcp", "axes.dcp: duplicate value 2"),
+    (AXES.replace("[1, 2, 4]", '["1"]'), "dcp", "axes.dcp: dcp values must be integers, got '1'"),
+    (AXES + "colour = [\"red\"]\n", "colour", "axes.colour: unknown axis 'colour'"),
+])
+def test_bad_axes(tmp_path, axes, needle, expected):
+    path = write(tmp_path, "", axes=axes)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, needle)
+    assert any(p.startswith(f"matrix/m.toml:{line}: {expected}") for p in str(info.value).splitlines()), str(info.value)
+
+
+def test_missing_required_axis(tmp_path):
+    lines = problems(tmp_path, "", axes=AXES.replace('arch    = ["sm90", "sm100"]\n', ""))
+    assert lines == ["matrix/m.toml:2: axes: missing required axis 'arch'"]
+
+
+def test_toml_syntax_error_has_line_and_column(tmp_path):
+    lines = problems(tmp_path, """
+        [[rule]]
+        when = { backend = "triton"
+    """)
+    assert len(lines) == 1
+    assert lines[0].startswith("matrix/m.toml:10: invalid TOML: ")
+    assert "(column" in lines[0]
+
+
+def test_duplicate_model_table_in_toml(tmp_path):
+    lines = problems(tmp_path, """
+        [models.a]
+        mla = false
+        num_heads = 2
+        head_dim = 8
+        [models.a]
+        mla = false
+        num_heads = 2
+        head_dim = 8
+    """)
+    assert lines[0].startswith("matrix/m.toml:13: invalid TOML: Cannot declare ('models', 'a') twice")
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    lines = problems(tmp_path, """
+        [[rule]]
+        when = { arch = "sm95" }
+        reject = { error = "ValueError", message = "x" }
+        [[rule]]
+        when = { backend = "nope" }
+        reject = { error = "ValueError", match = "(" }
+    """)
+    assert len(lines) == 3
+    assert [int(l.split(":")[1]) for l in lines] == sorted(int(l.split(":")[1]) for l in lines)
+
+
+def test_missing_file_and_binary_file(tmp_path):
+    with pytest.raises(MatrixError, match="cannot read matrix file"):
+        load_matrix(tmp_path / "absent.toml")
+    bad = tmp_path / "bin.toml"
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(MatrixError, match="not UTF-8"):
+        load_matrix(bad)
+
+
+def test_builtin_matrix_loads_with_1440_cells():
+    import pathlib
+
+    m = load_matrix(pathlib.Path(__file__).parents[2] / "matrix" / "reference.toml")
+    assert m.size == 1440
+    assert len(list(m.cells())) == 1440

@@ -1,0 +1,161 @@
+"""case_for derives check shapes from real models; run_kernel_check returns plain records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_mla.core.models import BUILTIN_MODELS
+from pytest_mla.kernels.harness import KernelCase, case_for, run_kernel_check
+from pytest_mla.kernels.reference import ref_kernel
+
+RECORD_KEYS = {"status", "where", "seed", "case", "errors", "tolerance", "time_s", "message"}
+
+
+def coords(model="deepseek-v3", dcp=1, spec="none", arch="sm90", backend="triton", **extra):
+    return {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": arch, **extra}
+
+
+def case(model="deepseek-v3", **kw):
+    return case_for(coords(model, **kw), BUILTIN_MODELS[model], seed=0)
+
+
+def assert_plain(value):
+    if isinstance(value, dict):
+        assert all(isinstance(k, str) for k in value)
+        for v in value.values():
+            assert_plain(v)
+    elif isinstance(value, list):
+        for v in value:
+            assert_plain(v)
+    else:
+        assert value is None or type(value) in (str, int, float, bool), (type(value), value)
+
+
+def test_deepseek_case_has_real_dims_and_heads_per_rank():
+    c = case("deepseek-v3")
+    assert (c.mla, c.d_qk, c.d_v, c.h_q, c.h_kv, c.s_q) == (True, 576, 512, 128, 1, 1)
+    assert c.softmax_scale == pytest.approx(192**-0.5)
+    assert case("deepseek-v3", tp=8).h_q == 16
+
+
+def test_gqa_case_splits_kv_heads_with_tp():
+    assert (case("llama-3.1-8b").h_q, case("llama-3.1-8b").h_kv) == (32, 8)
+    c = case("llama-3.1-8b", tp=16)
+    assert (c.mla, c.h_q, c.h_kv, c.d_qk, c.d_v) == (False, 2, 1, 128, 128)
+    with pytest.raises(ValueError, match="tp=3"):
+        case("llama-3.1-8b", tp=3)
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 4, 8])
+@pytest.mark.parametrize("spec", ["none", "eagle-1x3", "eagle-4x3"])
+def test_lengths_are_short_mixed_and_cover_every_rank(dcp, spec):
+    c = case(dcp=dcp, spec=spec)
+    assert c.batch == len(c.seqlens) in (2, 3)
+    if c.s_q == 1:
+        assert {0, 1} <= set(c.seqlens)
+    else:
+        assert min(c.seqlens) == c.s_q
+    assert max(c.seqlens) > dcp * c.page_size  # every rank holds more than a page
+    assert max(c.seqlens) < 200  # interpreter budget
+    assert c.s_q == {"none": 1, "eagle-1x3": 4, "eagle-4x3": 13}[spec]
+    assert (c.spec_topk > 1) == (spec == "eagle-4x3")
+
+
+def test_seed_is_stable_and_ignores_arch_backend_and_model_name():
+    base = case(dcp=4, spec="eagle-1x3")
+    assert base == case(dcp=4, spec="eagle-1x3", arch="sm100", backend="flashmla")
+    assert base == case("deepseek-r1", dcp=4, spec="eagle-1x3")  # same dims: one result serves both
+    assert base.seed != case(dcp=2, spec="eagle-1x3").seed
+    assert base.seed != case_for(coords(dcp=4, spec="eagle-1x3"), BUILTIN_MODELS["deepseek-v3"], seed=1).seed
+    assert hash(base) == hash(case(dcp=4, spec="eagle-1x3"))
+
+
+def test_seed_is_the_same_in_another_process():
+    import os
+    import subprocess
+    import sys
+
+    code = ("from pytest_mla.core.models import BUILTIN_MODELS; from pytest_mla.kernels.harness import case_for; "
+            "print(case_for({'model': 'deepseek-v3', 'backend': 'x', 'dcp': 4, 'spec': 'eagle-1x3', 'arch': 'sm80'}, "
+            "BUILTIN_MODELS['deepseek-v3'], seed=0).seed)")
+    env = {**os.environ, "PYTHONHASHSEED": "123", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    seed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert int(seed) == case(dcp=4, spec="eagle-1x3").seed
+
+
+def test_optional_coords():
+    c = case(page_size=64, kv_dtype="fp8_e4m3")
+    assert (c.page_size, c.kv_dtype) == (64, "fp8_e4m3")
+    assert case(kv_dtype="auto").kv_dtype == "auto"
+    with pytest.raises(ValueError, match="kv_dtype"):
+        case(kv_dtype="int4")
+    assert_plain(c.as_dict())
+
+
+def _small_case(**kw) -> KernelCase:
+    return case("deepseek-v2-lite", tp=4, **kw)  # 4 heads, real 576/512 dims
+
+
+def test_record_of_a_verified_run_is_plain():
+    c = _small_case(dcp=2, spec="eagle-2x2")
+    rec = run_kernel_check(c, ref_kernel, merge="pytest_mla.kernels.reference:ref_merge", where="interpreter")
+    assert set(rec) == RECORD_KEYS
+    assert rec["status"] == "verified" and rec["message"] is None, rec["message"]
+    assert rec["seed"] == c.seed and rec["case"] == c.as_dict() and rec["where"] == "interpreter"
+    assert set(rec["errors"]) == {"out", "lse"} and rec["errors"]["out"]["ok"]
+    assert {"max_abs_err", "max_rel_err", "cos_diff", "fail_frac", "worst_pos", "nan_mismatch"} <= set(rec["errors"]["out"])
+    assert set(rec["tolerance"]) == {"out", "lse"} and rec["time_s"] >= 0
+    assert_plain(rec)
+    json.dumps(rec, allow_nan=False)
+
+
+def biased_kernel(*args, **kwargs):
+    out, lse = ref_kernel(*args, **kwargs)
+    return out * 1.05, lse
+
+
+def nan_tail_kernel(*args, **kwargs):
+    """Forgets to write the last head: the poisoned output shows through."""
+    out = kwargs["out"]
+    o, lse = ref_kernel(*args, **{**kwargs, "out": None})
+    out[..., :-1, :] = o[..., :-1, :]
+    return out, lse
+
+
+@pytest.mark.parametrize("kernel,needle", [(biased_kernel, "beyond"), (nan_tail_kernel, "NaN")])
+def test_record_of_a_failed_run_says_why(kernel, needle):
+    rec = run_kernel_check(_small_case(), kernel)
+    assert rec["status"] == "failed" and needle in rec["message"]
+    assert_plain(rec)
+
+
+def test_real_kernel_verifies_a_model_case():
+    pytest.importorskip("triton")
+    rec = run_kernel_check(_small_case(dcp=2, spec="eagle-2x2"), "pytest_mla.kernels.triton_mla:mla_decode")
+    assert rec["status"] == "verified", rec["message"]
+
+
+def test_real_kernel_fp8_and_gqa_cases():
+    pytest.importorskip("triton")
+    for c in (_small_case(kv_dtype="fp8_e4m3", spec="eagle-1x3"), case("llama-3.1-8b", tp=8, dcp=2)):
+        rec = run_kernel_check(c, "pytest_mla.kernels.triton_mla:mla_decode")
+        assert rec["status"] == "verified", rec["message"]
+
+
+def test_distributed_mode_through_the_harness():
+    c = _small_case(dcp=2, spec="eagle-1x3")
+    rec = run_kernel_check(c, "pytest_mla.kernels.reference:ref_kernel", dcp_mode="distributed",
+                           merge="pytest_mla.kernels.reference:ref_merge", timeout_s=120)
+    assert rec["status"] == "verified", rec["message"]
+    with pytest.raises(ValueError, match="dcp_mode"):
+        run_kernel_check(c, ref_kernel, dcp_mode="threads")
+
+
+def test_kernel_crash_propagates():
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_kernel_check(_small_case(), broken)

@@ -1,0 +1,59 @@
+"""Shared bits of the plugin tests: a scriptable engine and small matrices."""
+
+import json
+import textwrap
+
+LIAR_CONFTEST = '''
+import os
+from pytest_mla.engines.protocol import Configured
+
+
+class LiarEngine:
+    """Accepts everything except what its backend name asks for."""
+
+    name = "liar"
+    version = "1.2.0"
+    refusal_errors = (ValueError, AssertionError)
+
+    def configure(self, cell, model):
+        if cell.backend == "crash" and cell.arch == "sm100":
+            os._exit(3)
+        if cell.backend == "interrupt" and cell.arch == "sm100":
+            raise KeyboardInterrupt
+        if cell.backend == "boom":
+            raise RuntimeError("engine blew up")
+        if cell.backend == "strict":
+            raise ValueError(f"strict refuses {cell.arch}.")
+        return Configured({"decode": cell.backend}, kernel_reason="no kernel in this test engine")
+
+    def metadata(self):
+        return {"stubs": []}
+
+
+def pytest_mla_engines(config):
+    return {"liar": LiarEngine}
+'''
+
+
+def matrix(backends, rules="", engine="liar", archs=("sm90", "sm100"), extra=""):
+    axes = textwrap.dedent(f"""
+        [engine]
+        name = "{engine}"
+
+        [axes]
+        model = ["deepseek-v3"]
+        backend = {json.dumps(list(backends))}
+        dcp = [1]
+        spec = ["none"]
+        arch = {json.dumps(list(archs))}
+    """)
+    return axes + textwrap.dedent(extra) + textwrap.dedent(rules)
+
+
+def read_report(pytester, name="m"):
+    path = pytester.path / "reports" / f"{name}.json"
+    return json.loads(path.read_text())
+
+
+def verdicts(doc):
+    return {c["id"]: c["verdict"] for c in doc["cells"]}
