@@ -24,6 +24,7 @@ import pytest
 
 from . import __version__
 from .collect import RECORD_ATTR
+from .user_cells import USER_RECORD_ATTR
 from .core.cells import Cell, CellIdError, nodeid_name
 from .core.errors import MatrixError
 from .core.verdicts import ERROR, FAIL, VERDICTS, VERIFIED
@@ -41,10 +42,15 @@ class ResultCollector:
         self.written: list[Path] = []
         self.interrupted = False
         self.collection_errors: list[str] = []
+        self.user_tests: dict[tuple[str, str], dict[str, str]] = {}  # (matrix, cell id) → {test: outcome}
 
     # -- events ----------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        user = getattr(report, USER_RECORD_ATTR, None)
+        if user is not None:
+            self.user_tests.setdefault((user["matrix"], user["cell"]), {})[user["test"]] = user["outcome"]
+            return
         record = getattr(report, RECORD_ATTR, None)
         if record is not None:
             self.records[report.nodeid] = {**record, "nodeid": report.nodeid}
@@ -108,6 +114,10 @@ class ResultCollector:
         matrix = loaded.matrix
         by_id = {r["id"]: r for r in self.records.values() if r.get("matrix") == matrix.name}
         cells = [by_id[c.id] for c in matrix.cells() if c.id in by_id]
+        for i, record in enumerate(cells):
+            user = self.user_tests.get((matrix.name, record["id"]))
+            if user:
+                cells[i] = {**record, "user_tests": dict(sorted(user.items()))}
         engine = loaded.engine
         counts = Counter(r["verdict"] for r in cells)
         host = probe_host()

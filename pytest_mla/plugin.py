@@ -17,6 +17,7 @@ import pytest
 
 from .collect import RECORD_ATTR, CellItem, MatrixFile, kernel_group
 from .core.verdicts import ERROR, XFAIL, XPASS
+from . import user_cells
 from .host import probe_host
 from .options import (
     DCP_MODES, KERNEL_MODES, Settings, parse_arch, parse_choice, parse_formats, parse_report_name, parse_seed,
@@ -203,10 +204,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    user_cells.generate(metafunc)
+
+
+@pytest.fixture
+def mla_cell(request: pytest.FixtureRequest) -> user_cells.MlaCell:
+    """The matrix cell of a test marked ``@pytest.mark.mla_matrix(path, select=..., expect=...)``."""
+    raise pytest.UsageError(f"{request.node.nodeid}: mla_cell needs @pytest.mark.mla_matrix(\"matrix/x.toml\")")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     if not isinstance(item, CellItem):
+        if report.when == "call" or not report.passed:
+            user = user_cells.user_record(item, report)
+            if user is not None:
+                setattr(report, user_cells.USER_RECORD_ATTR, user)
         return report
     if report.when == "call" or (report.when == "setup" and not report.passed):
         record = item.record
