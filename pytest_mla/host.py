@@ -16,7 +16,8 @@ import subprocess
 import sys
 from typing import Any
 
-HOST_ARCH_ENV = "PYTEST_MLA_HOST_ARCH"
+HOST_ARCH_ENV = "PYTEST_MLA_HOST_ARCH"  # override the probe (tests, unusual setups)
+HOST_GPUS_ENV = "PYTEST_MLA_HOST_GPUS"
 
 
 @functools.lru_cache(maxsize=1)
@@ -27,7 +28,7 @@ def probe_host() -> dict[str, Any]:
                             "hostname": platform.node()}
     forced = os.environ.get(HOST_ARCH_ENV)
     if forced:
-        info.update(arch=forced, source=HOST_ARCH_ENV)
+        info.update(arch=forced, source=HOST_ARCH_ENV, gpus=int(os.environ.get(HOST_GPUS_ENV, "1")))
         return info
     if "torch" in sys.modules:
         torch = sys.modules["torch"]

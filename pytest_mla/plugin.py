@@ -148,6 +148,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption(MATRIX_OPTION) is None:
         return
     settings = read_settings(config)
+    pin_worker_gpu(config)
     files = find_matrix_files(config, settings)
     _add_collection_args(config, files)
     run = MatrixRun(config, settings, files)
@@ -156,6 +157,17 @@ def pytest_configure(config: pytest.Config) -> None:
         from .controller import ResultCollector
 
         config.pluginmanager.register(ResultCollector(config, run), "mla-results")
+
+
+def pin_worker_gpu(config: pytest.Config) -> None:
+    """One GPU per xdist worker when the host has several (before any kernel imports torch)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return
+    gpus = probe_host().get("gpus", 0)
+    worker = str(workerinput.get("workerid", ""))
+    if gpus > 1 and worker.startswith("gw") and worker[2:].isdigit():
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % gpus)
 
 
 def _add_collection_args(config: pytest.Config, files: list[Path]) -> None:

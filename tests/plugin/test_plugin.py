@@ -302,3 +302,21 @@ def test_a_crashed_worker_leaves_its_cell_as_an_error(liar):
     crashed = next(c for c in doc["cells"] if c["id"] == "deepseek-v3/crash/dcp1/none/sm100")
     assert "crashed" in crashed["reason"]
     assert crashed["expectation"]["kind"] == "accept"
+
+
+def test_each_xdist_worker_is_pinned_to_one_gpu(liar, monkeypatch):
+    # A host with 2 GPUs, told through the probe's override; workers gw0/gw1 get GPUs 0/1.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    liar.makeconftest(LIAR_CONFTEST + '''
+import os
+
+def pytest_mla_cell_record(config, cell, record):
+    record["notes"] = [os.environ.get("CUDA_VISIBLE_DEVICES", "unset") + "@" + config.workerinput["workerid"]]
+''')
+    monkeypatch.setenv("PYTEST_MLA_HOST_ARCH", "sm90")
+    monkeypatch.setenv("PYTEST_MLA_HOST_GPUS", "2")
+    liar.makefile(".toml", m=matrix(["a", "b", "c", "d"]))
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml", "-n", "2", "--mla-kernel=off")
+    result.assert_outcomes(passed=8)
+    notes = {c["notes"][0] for c in read_report(liar)["cells"]}
+    assert notes <= {"0@gw0", "1@gw1"} and len(notes) == 2
