@@ -157,7 +157,8 @@ class MatrixRun:
         if cached is not None:
             return {**cached, "reused": True}
         try:
-            result = harness.run_kernel_check(case, spec.target, dcp_mode=self.settings.dcp_mode, where=where)
+            result = harness.run_kernel_check(case, spec.target, dcp_mode=self.settings.dcp_mode, where=where,
+                                              timeout_s=self.settings.dcp_timeout)
         except Exception as exc:  # a kernel that crashes is an error of the cell, with its message
             result = {"status": KERNEL_FAILED, "where": where, "crashed": True,
                       "message": f"kernel crashed: {type(exc).__name__}: {exc}", "case": case.as_dict()}

@@ -1,0 +1,190 @@
+"""What the plugin calls for an accepted kernel cell: derive a check shape, run it, compare.
+
+``case_for`` turns a cell's coordinates and model into a ``KernelCase`` of plain
+values: the model's real head dims and heads per rank, short mixed lengths,
+the spec setting's query tokens, the DCP size. It ignores the backend and the
+arch, so one case (one result, cached per worker) serves every arch.
+``run_kernel_check`` runs it and returns a dict of plain values for the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import time
+import zlib
+from typing import Any, Callable, Mapping
+
+from ..core.models import ModelConfig
+from ..core.spec import parse_spec
+
+__all__ = ["DCP_MODES", "KernelCase", "case_for", "run_kernel_check"]
+
+DCP_MODES = ("in-process", "distributed")
+DEFAULT_PAGE_SIZE = 16
+_KV_DTYPES = {"auto": "auto", "bf16": "auto", "fp16": "auto", "fp32": "auto", "fp8": "fp8_e4m3",
+              "fp8_e4m3": "fp8_e4m3"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCase:
+    """One numeric kernel check. Hashable: the per-worker result cache key."""
+
+    mla: bool  # latent cache with V = first d_v columns (h_kv = 1); else GQA with a V cache
+    batch: int  # requests
+    s_q: int  # query tokens per request (1 + draft tokens under spec verify)
+    h_q: int  # query heads per rank (the model's heads / tp)
+    h_kv: int  # cached KV heads per rank (1 for MLA)
+    d_qk: int  # key width: kv_lora_rank + qk_rope_head_dim for MLA
+    d_v: int  # value / output width: kv_lora_rank for MLA
+    page_size: int  # tokens per cache page
+    dtype: str  # "bf16" / "fp16" / "fp32": q, output and (unless fp8) cache
+    kv_dtype: str  # "auto" (= dtype) or "fp8_e4m3"
+    seqlens: tuple[int, ...]  # global tokens per request, len == batch
+    softmax_scale: float  # the model's scale
+    spec_topk: int  # > 1: tree mask; 1: causal (chain or plain decode)
+    spec_steps: int  # draft depth (0 without spec)
+    dcp: int  # ranks the cache is split over
+    dcp_interleave: int  # tokens per rank-block (1 = cyclic)
+    seed: int  # input seed, derived from the numbers above
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["seqlens"] = list(self.seqlens)
+        return d
+
+
+def _stable_seed(base: int, fields: Mapping[str, Any]) -> int:
+    """A seed that depends only on ``base`` and the numeric case (not on process, arch or backend)."""
+    text = json.dumps({"base": base, **fields}, sort_keys=True)
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _check_seqlens(s_q: int, dcp: int, page_size: int, interleave: int) -> tuple[int, ...]:
+    """Short mixed lengths for a check.
+
+    ``long`` exceeds ``dcp * max(page_size, interleave)`` so every rank holds tokens
+    (over more than one page); the short ones leave ranks empty under DCP.
+    Plain decode: 0 and 1 (nothing to attend / a single token). Spec verify:
+    exactly ``s_q`` (the first query sees one token; the kernel's contract needs
+    ``S >= s_q``).
+    """
+    long = max(dcp * max(page_size, interleave) + page_size // 2 + 3, s_q + 5)
+    return (1, long, 0) if s_q == 1 else (s_q, long)
+
+
+def _int_coord(coords: Mapping[str, object], key: str, default: int) -> int:
+    value = coords.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or int(value) < 1:
+        raise ValueError(f"coordinate {key}={value!r} must be a positive integer")
+    return int(value)
+
+
+def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dtype: str = "bf16") -> KernelCase:
+    """The kernel check of a cell: ``coords`` has model, backend, dcp, spec, arch (+ kv_dtype, page_size, tp)."""
+    spec = parse_spec(str(coords["spec"]))
+    tp = _int_coord(coords, "tp", 1)
+    dcp = _int_coord(coords, "dcp", 1)
+    page_size = _int_coord(coords, "page_size", DEFAULT_PAGE_SIZE)
+    interleave = _int_coord(coords, "dcp_interleave", 1)
+    kv_dtype = _KV_DTYPES.get(str(coords.get("kv_dtype", "auto")))
+    if kv_dtype is None:
+        raise ValueError(f"unsupported kv_dtype {coords.get('kv_dtype')!r} (known: {', '.join(_KV_DTYPES)})")
+    if model.num_heads % tp:
+        raise ValueError(f"{model.name}: {model.num_heads} heads do not split over tp={tp}")
+    h_q = model.num_heads // tp
+    h_kv = 1 if model.mla else max(1, model.num_kv_heads // tp)
+    topk, steps = (spec.topk, spec.steps) if spec.enabled else (1, 0)
+    fields = {
+        "mla": model.mla, "batch": 0, "s_q": spec.s_q, "h_q": h_q, "h_kv": h_kv, "d_qk": model.d_qk,
+        "d_v": model.d_v, "page_size": page_size, "dtype": dtype, "kv_dtype": kv_dtype,
+        "seqlens": _check_seqlens(spec.s_q, dcp, page_size, interleave), "softmax_scale": model.softmax_scale,
+        "spec_topk": topk, "spec_steps": steps, "dcp": dcp, "dcp_interleave": interleave,
+    }
+    fields["batch"] = len(fields["seqlens"])
+    return KernelCase(**fields, seed=_stable_seed(seed, {**fields, "seqlens": list(fields["seqlens"])}))
+
+
+def _import_kernel(text: str) -> Callable:
+    from ._mode import ensure_triton_mode
+
+    ensure_triton_mode()  # before a Triton module is imported
+    module, _, attr = text.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def run_kernel_check(
+    case: KernelCase,
+    kernel: Callable | str,
+    *,
+    dcp_mode: str = "in-process",
+    where: str = "interpreter",
+    merge: Callable | str | None = None,
+    timeout_s: float = 300.0,
+) -> dict[str, Any]:
+    """Run ``kernel`` (``mla_decode``'s signature, or ``"module:attr"``) on ``case`` and compare.
+
+    Inputs are fresh and seeded (``case.seed``), the output poisoned; DCP
+    shards run in this process (``dcp_mode="in-process"``) or as processes
+    (``"distributed"``) and are merged by LSE (``merge``: default Triton
+    ``merge_attention_states``). The result is compared with the float64
+    reference on the unsharded cache. ``where`` is only recorded. A kernel that
+    raises propagates (a crash is an ``error`` verdict, not a tolerance failure).
+    """
+    if dcp_mode not in DCP_MODES:
+        raise ValueError(f"unknown dcp_mode {dcp_mode!r} (known: {', '.join(DCP_MODES)})")
+    import torch
+
+    from .compare import check_close, tolerance_for
+    from .dcp import gen_dcp_shards, run_shards
+    from .inputs import gen_decode_inputs
+    from .reference import ref_mla_decode
+
+    inputs = gen_decode_inputs(
+        case.seqlens, s_q=case.s_q, h_q=case.h_q, h_kv=case.h_kv, d_qk=case.d_qk, d_v=case.d_v, mla=case.mla,
+        page_size=case.page_size, dtype=case.dtype, kv_dtype=case.kv_dtype, softmax_scale=case.softmax_scale,
+        spec_topk=case.spec_topk, spec_steps=case.spec_steps, seed=case.seed,
+    )
+    if where != "interpreter" and torch.cuda.is_available():
+        inputs = inputs.to("cuda")
+
+    if dcp_mode == "distributed" and case.dcp > 1:
+        from .distributed import run_distributed
+
+        merge_text = merge if isinstance(merge, str) or merge is None else f"{merge.__module__}:{merge.__qualname__}"
+        start = time.perf_counter()
+        out, lse = run_distributed(kernel, inputs, case.dcp, case.dcp_interleave, timeout_s=timeout_s,
+                                   merge=merge_text, seed=case.seed)
+        elapsed = time.perf_counter() - start
+    else:
+        kernel_fn = _import_kernel(kernel) if isinstance(kernel, str) else kernel
+        merge_fn = _import_kernel(merge) if isinstance(merge, str) else merge
+        shards = gen_dcp_shards(inputs, case.dcp, case.dcp_interleave, seed=case.seed)
+        if inputs.q.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out, lse = run_shards(kernel_fn, shards, merge=merge_fn)
+        if inputs.q.is_cuda:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+
+    ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
+    tol = tolerance_for(case.dtype, case.kv_dtype)
+    out_check = check_close("out", out, ref_out, tol.out)
+    lse_check = check_close("lse", lse, ref_lse, tol.lse)
+    ok = out_check.ok and lse_check.ok
+    messages = [c.message for c in (out_check, lse_check) if c.message]
+    return {
+        "status": "verified" if ok else "failed",
+        "where": where,
+        "seed": case.seed,
+        "case": case.as_dict(),
+        "errors": {"out": out_check.as_dict(), "lse": lse_check.as_dict()},
+        "tolerance": tol.as_dict(),
+        "time_s": round(elapsed, 4),
+        "message": None if ok else "; ".join(messages),
+    }
