@@ -131,7 +131,7 @@ def build_data(model: ReportModel) -> dict[str, Any]:
         state = cell_state(c)
         runs = c.get("kernel_runs")
         if runs:
-            kernel = "\n".join(describe_kernel(r, r.get("host_label")) for r in runs)
+            kernel = "\n".join(describe_kernel(r, r.get("host")) for r in runs)
         else:
             kernel = describe_kernel(c.get("kernel"))
         notes = "\n".join(str(n) for n in (c.get("notes") or []))
@@ -280,7 +280,7 @@ td{min-width:48px;white-space:nowrap}
 .s-accepted{background:#dafbe1;color:var(--ok)}.s-rejected{background:#eef1f4;color:var(--rej)}
 .s-xfail{background:#fff8c5;color:var(--xf);font-weight:700}.s-skipped{background:#f6f8fa;color:var(--sk)}
 .s-bad{background:var(--bad);color:#fff;font-weight:700}.s-bad small{color:#ffebe9}
-aside{flex:0 0 380px;position:sticky;top:8px;border:1px solid var(--line);border-radius:6px;padding:8px 12px;background:var(--soft);max-height:90vh;overflow:auto}
+aside{flex:0 0 330px;position:sticky;top:8px;border:1px solid var(--line);border-radius:6px;padding:8px 12px;background:var(--soft);max-height:90vh;overflow:auto}
 aside h2{font-size:14px;margin:0 0 6px;word-break:break-all}
 aside dt{font-weight:600;margin-top:6px}
 aside dd{margin:0}
@@ -322,7 +322,9 @@ _JS = r"""
     if (!h) return;
     h.split("&").forEach(function (kv) {
       var p = kv.split("="), k = p[0], vals = (p[1] || "").split(",").filter(Boolean);
-      if (k === "rows" || k === "cols") {
+      if (k === "cell") {
+        view.cell = p.slice(1).join("=");
+      } else if (k === "rows" || k === "cols") {
         var axes = vals.filter(function (v) { return v in byName; });
         if (axes.length) view[k] = axes.slice(0, 2);
       } else if (k === "state") {
@@ -346,6 +348,7 @@ _JS = r"""
     });
     var st = ST.filter(function (s, i) { return !view.states[i]; });
     if (st.length !== ST.length) parts.push("state=" + st.join(","));
+    if (view.cell) parts.push("cell=" + view.cell);
     var h = parts.join("&");
     if (history.replaceState) history.replaceState(null, "", h ? "#" + h : location.pathname + location.search);
   }
@@ -485,6 +488,7 @@ _JS = r"""
 
   function show(ci, chip) {
     var c = CELLS[ci], aside = document.getElementById("details");
+    if (view.cell !== cellId(c)) { view.cell = cellId(c); writeHash(); }
     if (selected) selected.classList.remove("sel");
     selected = chip; if (chip) chip.classList.add("sel");
     aside.textContent = "";
@@ -504,9 +508,17 @@ _JS = r"""
     aside.appendChild(dl);
   }
 
-  function update() { writeHash(); render(); }
-  readHash(); buildControls(); render();
-  window.addEventListener("hashchange", function () { readHash(); buildControls(); render(); });
+  function showLinked() {
+    if (!view.cell) return;
+    var chips = document.querySelectorAll("#matrix .chip");
+    for (var i = 0; i < chips.length; i++) {
+      if (chips[i].getAttribute("data-id") === view.cell) { chips[i].click(); return; }
+    }
+  }
+  function update() { writeHash(); render(); showLinked(); }
+  function load() { readHash(); buildControls(); render(); showLinked(); }
+  load();
+  window.addEventListener("hashchange", load);
 })();
 """
 

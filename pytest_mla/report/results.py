@@ -5,6 +5,11 @@ Schema (version 1), documented in ``docs/report-schema.md``::
     {"schema": "pytest-mla/result", "schema_version": 1,
      "run": {...run metadata...}, "cells": [{...one record per cell...}]}
 
+Fields added by ``pytest-mla merge`` (``merge.py``): ``run.merged_from``,
+``run.conflicts``, and per cell ``kernel_runs`` and ``conflict``. Readers
+ignore fields they do not know; adding a field keeps version 1, renaming or
+removing one (or changing its meaning) bumps ``SCHEMA_VERSION``.
+
 Written atomically: a temporary file in the same folder, then ``os.replace``,
 so a killed run never leaves half a file.
 """
@@ -78,10 +83,14 @@ def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ResultFileError(f"{shown}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ResultFileError(f"{shown}: not a pytest-mla result file (not UTF-8 text)") from None
+    if not text.lstrip().startswith("{"):
+        what = "empty file" if not text.strip() else "not JSON"
+        raise ResultFileError(f"{shown}: not a pytest-mla result file ({what})")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = " (truncated?)" if exc.pos >= len(text.rstrip()) else ""
+        truncated = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
+        hint = " (truncated?)" if truncated else ""
         raise ResultFileError(f"{shown}:{exc.lineno}: invalid JSON{hint}: {exc.msg}") from None
     return check_document(doc, shown)
 

@@ -1,0 +1,291 @@
+"""The ``pytest-mla`` command: render, merge, diff, check and explain result files and matrices.
+
+Exit codes: 0 fine; 1 the answer is "no" (conflicts, a regression, a stale
+document); 2 the input is unusable (unreadable, not a result file, another
+schema version, a broken matrix, a bad option), with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .report.results import ResultFileError, read_results, write_json_atomic, write_text_atomic
+
+PROG = "pytest-mla"
+FORMATS = ("md", "html", "json", "terminal")
+
+
+class CliError(Exception):
+    """An unusable input or option: one line on stderr, exit 2."""
+
+
+def _axes(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    return [a.strip() for a in text.split(",") if a.strip()] or None
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        return read_results(path)
+    except ResultFileError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _write(text: str, out: str | None) -> None:
+    if out is None or out == "-":
+        sys.stdout.write(text)
+    else:
+        write_text_atomic(out, text)
+
+
+def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: list[str] | None) -> str:
+    try:
+        if fmt == "md":
+            from .report.markdown import render_markdown
+
+            return render_markdown(document, rows, cols)
+        if fmt == "html":
+            from .report.html import render_html
+
+            return render_html(document)
+        if fmt == "terminal":
+            from .report.terminal import render_terminal
+
+            return render_terminal(document) + "\n"
+    except ValueError as exc:  # an unknown axis in --rows/--cols
+        raise CliError(str(exc)) from None
+    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+
+
+# -- subcommands ---------------------------------------------------------------------
+def cmd_render(args: argparse.Namespace) -> int:
+    fmt = args.format
+    if fmt is None:
+        suffix = Path(args.output).suffix.lstrip(".") if args.output and args.output != "-" else ""
+        fmt = {"md": "md", "markdown": "md", "html": "html", "htm": "html", "json": "json"}.get(suffix, "md")
+    document = _read(args.result)
+    text = render(document, fmt, _axes(args.rows), _axes(args.cols))
+    if fmt == "json" and args.output not in (None, "-"):
+        write_json_atomic(args.output, document)
+    else:
+        _write(text, args.output)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .report.merge import MergeConflictError, MergeError, merge_documents
+
+    docs = [_read(p) for p in args.results]
+    try:
+        merged = merge_documents(docs, names=args.results, allow_conflicts=args.allow_conflicts)
+    except MergeConflictError as exc:
+        print(f"{PROG} merge: {exc}", file=sys.stderr)
+        for c in exc.conflicts:
+            print(f"  CONFLICT {c['id']}:", file=sys.stderr)
+            for r in c["records"]:
+                print(f"    {r['source']} [{r['host']}]: {r['summary']}", file=sys.stderr)
+        print("(nothing written; --allow-conflicts writes the merge with these cells as errors)", file=sys.stderr)
+        return 1
+    except MergeError as exc:
+        raise CliError(str(exc)) from None
+    write_json_atomic(args.output, merged)
+    conflicts = merged["run"].get("conflicts") or []
+    note = f", {len(conflicts)} conflict(s) kept as errors" if conflicts else ""
+    print(f"{PROG} merge: {len(merged['cells'])} cells from {len(docs)} files → {args.output}{note}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .report.diff import diff_documents
+
+    old, new = _read(args.old), _read(args.new)
+    diff = diff_documents(old, new, old_name=args.old, new_name=args.new)
+    text = diff.markdown() if args.format == "md" else (
+        json.dumps(diff.as_dict(), indent=1, ensure_ascii=False) + "\n" if args.format == "json" else diff.text() + "\n")
+    _write(text, args.output)
+    return 1 if diff.has_regressions else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .report.markdown import render_markdown
+
+    document = _read(args.result)
+    try:
+        published = Path(args.doc).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"{args.doc}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"{args.doc}: not UTF-8 text") from None
+    try:
+        fresh = render_markdown(document, _axes(args.rows), _axes(args.cols))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if published.replace("\r\n", "\n") == fresh:
+        print(f"{PROG} check: {args.doc} is up to date with {args.result}")
+        return 0
+    diff = difflib.unified_diff(published.replace("\r\n", "\n").splitlines(keepends=True),
+                                fresh.splitlines(keepends=True),
+                                fromfile=f"{args.doc} (published)", tofile=f"{args.doc} (from {args.result})")
+    sys.stdout.writelines(diff)
+    print(f"\n{PROG} check: {args.doc} is stale; regenerate it with:\n"
+          f"  {PROG} render {args.result} --format md -o {args.doc}"
+          + (f" --rows {args.rows}" if args.rows else "") + (f" --cols {args.cols}" if args.cols else ""),
+          file=sys.stderr)
+    return 1
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .core.cells import Cell, CellIdError
+    from .core.errors import MatrixError
+    from .core.matrix import _as_version, load_matrix
+    from .core.rules import render_message
+
+    try:
+        matrix = load_matrix(args.matrix)
+    except MatrixError as exc:
+        more = f" (+{len(exc.problems) - 1} more problems)" if len(exc.problems) > 1 else ""
+        raise CliError(str(exc).splitlines()[0] + more) from None
+    try:
+        cell = Cell.from_id(args.cell)
+    except CellIdError as exc:
+        raise CliError(str(exc)) from None
+    for axis, value in cell.coords.items():
+        if axis not in matrix.axes:
+            raise CliError(f"cell {cell.id}: the matrix has no {axis} axis")
+        if value not in matrix.axes[axis]:
+            known = ", ".join(str(v) for v in matrix.axes[axis])
+            raise CliError(f"cell {cell.id}: {axis} {value!r} is not in the matrix (known: {known})")
+    missing = [a for a in matrix.axes if a not in cell.coords]
+    if missing:
+        raise CliError(f"cell {args.cell}: no value for the matrix's {', '.join(missing)} axis")
+    version = _as_version(args.engine_version)
+    if args.engine_version and version is None:
+        raise CliError(f"--engine-version: not a version: {args.engine_version!r}")
+    model = matrix.model(cell)
+    out = [f"cell {cell.id}", f"matrix {matrix.path} (engine {matrix.engine_name}, version "
+           f"{args.engine_version or 'any'})",
+           "model " + model.name + ": " + ", ".join(f"{f}={model.field(f)}" for f in _model_fields())]
+    decided = None
+    for rule in matrix.rules:
+        name = f' "{rule.name}"' if rule.name else ""
+        head = f"{rule.label}{name}"
+        if decided is not None:
+            continue
+        if not rule.applies_to_version(version):
+            out.append(f"  {head}: not for this engine version (engine_version {rule.engine_version})")
+            continue
+        why = rule.why(cell, model)
+        matched = all(ok for _, _, ok in why)
+        if matched and rule.outcome is None:
+            verdict = f"matches: xfail ({rule.xfail}); the next matching rule decides"
+        elif matched:
+            decided = rule
+            what = "accept" if rule.outcome == "accept" else (
+                f"reject with {rule.error}: {render_message(rule.message, cell, model)}" if rule.message is not None
+                else f"reject with {rule.error} matching /{rule.match}/")
+            verdict = f"MATCHES → decides: {what}"
+        else:
+            verdict = "no match"
+        out.append(f"{'→' if rule is decided else ' '} {head}: {verdict}")
+        for text, value, ok in why:
+            out.append(f"      {'✓' if ok else '✗'} {text}   (cell: {value!r})")
+    if decided is None:
+        out.append("  no rule decides: the cell must be accepted (default)")
+    else:
+        rest = len(matrix.rules) - matrix.rules.index(decided) - 1
+        if rest:
+            out.append(f"  ({rest} later rule(s) not consulted: the first matching rule wins)")
+    expect = matrix.expectation(cell, version)
+    out.append(f"expectation: {expect.describe()}" + (f" (xfail: {expect.xfail})" if expect.xfail else ""))
+    print("\n".join(out))
+    return 0
+
+
+def _model_fields() -> Sequence[str]:
+    from .core.models import MODEL_FIELDS
+
+    return MODEL_FIELDS
+
+
+# -- parser ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Render, merge, diff and check pytest-mla result files; "
+                                "explain how a matrix decides a cell.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("render", help="render a result file as Markdown, HTML, JSON or terminal text",
+                       description="Render RESULT.json (written by `pytest --mla-matrix`).")
+    r.add_argument("result", metavar="RESULT.json")
+    r.add_argument("--format", "-f", choices=FORMATS, default=None,
+                   help="output format (default: from the -o suffix, else md)")
+    r.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
+    r.add_argument("--rows", metavar="AXES", help="row axes for md, comma-separated (default: backend)")
+    r.add_argument("--cols", metavar="AXES", help="column axes for md, comma-separated (default: arch,spec)")
+    r.set_defaults(func=cmd_render)
+
+    m = sub.add_parser("merge", help="merge result files of one matrix from several hosts",
+                       description="Union of the cells of several result files (one per GPU type). A cell with "
+                                   "contradictory results on two hosts is a conflict: exit 1, nothing written, "
+                                   "unless --allow-conflicts.")
+    m.add_argument("results", nargs="+", metavar="RESULT.json")
+    m.add_argument("-o", "--output", required=True, metavar="ALL.json")
+    m.add_argument("--allow-conflicts", action="store_true",
+                   help="write the merge anyway; conflicting cells become errors listed in run.conflicts")
+    m.set_defaults(func=cmd_merge)
+
+    d = sub.add_parser("diff", help="regressions, fixes, new and gone cells between two result files",
+                       description="Compare OLD.json with NEW.json. Exit 1 when a cell regressed "
+                                   "(pass → fail/error, or kernel verified → failed).")
+    d.add_argument("old", metavar="OLD.json")
+    d.add_argument("new", metavar="NEW.json")
+    d.add_argument("--format", "-f", choices=("text", "md", "json"), default="text",
+                   help="text (default), md (a PR comment) or json")
+    d.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
+    d.set_defaults(func=cmd_diff)
+
+    c = sub.add_parser("check", help="fail when a published Markdown table is stale",
+                       description="Regenerate the Markdown from RESULT.json and compare with DOC.md; "
+                                   "exit 1 with a unified diff when they differ.")
+    c.add_argument("doc", metavar="DOC.md")
+    c.add_argument("--from", dest="result", required=True, metavar="RESULT.json")
+    c.add_argument("--rows", metavar="AXES", help="row axes the document was rendered with")
+    c.add_argument("--cols", metavar="AXES", help="column axes the document was rendered with")
+    c.set_defaults(func=cmd_check)
+
+    e = sub.add_parser("explain", help="which rule of a matrix decides a cell, and why",
+                       description="Try each rule of MATRIX.toml in order against CELL_ID "
+                                   "(model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN]), showing each predicate "
+                                   "with the cell's value; the deciding rule is marked with →.")
+    e.add_argument("matrix", metavar="MATRIX.toml")
+    e.add_argument("cell", metavar="CELL_ID")
+    e.add_argument("--engine-version", metavar="VERSION", default=None,
+                   help="the engine version rules gated on engine_version are checked against (default: any)")
+    e.set_defaults(func=cmd_explain)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        # A result file that passed the envelope check but has odd records.
+        print(f"{PROG}: error: malformed result data ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+
+
+__all__ = ["main", "build_parser"]

@@ -1,0 +1,139 @@
+"""Differences between two result documents (last night's and tonight's).
+
+``diff_documents(old, new)`` pairs cells by id and sorts each change into one
+kind:
+
+- ``regression``: was good (pass / xfail) and is now bad (fail / error), or
+  its kernel went from ``verified`` to ``failed``;
+- ``fix``: was bad and is now good;
+- ``changed``: both good but the cell means something else now (accepted ↔
+  rejected, another error or message, another state such as verified →
+  not-run, pass ↔ xfail);
+- ``new`` / ``gone``: only in the new / only in the old document.
+
+``Diff.markdown()`` is a PR comment; ``Diff.text()`` is for a terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from .markdown import md_text
+from .model import BAD_VERDICTS, GOOD_VERDICTS, SYMBOLS, cell_state, first_line
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    id: str
+    kind: str  # regression / fix / changed / new / gone
+    old: str | None  # "pass (verified)", None for new cells
+    new: str | None
+    reason: str | None = None  # why the new side is bad, for regressions
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Diff:
+    old_name: str
+    new_name: str
+    regressions: list[Change]
+    fixes: list[Change]
+    changed: list[Change]
+    new: list[Change]
+    gone: list[Change]
+    unchanged: int
+
+    @property
+    def has_regressions(self) -> bool:
+        return bool(self.regressions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary_line(self) -> str:
+        return (f"{len(self.regressions)} regression(s), {len(self.fixes)} fix(es), {len(self.changed)} changed, "
+                f"{len(self.new)} new, {len(self.gone)} gone, {self.unchanged} unchanged")
+
+    def text(self, limit: int = 50) -> str:
+        lines = [f"{self.old_name} → {self.new_name}: {self.summary_line()}"]
+        for title, items in (("REGRESSION", self.regressions), ("FIX", self.fixes), ("CHANGED", self.changed),
+                             ("NEW", self.new), ("GONE", self.gone)):
+            for c in items[:limit]:
+                arrow = f"{c.old or '—'} → {c.new or '—'}"
+                why = f": {c.reason}" if c.reason else ""
+                lines.append(f"  {title:10} {c.id}: {arrow}{why}")
+            if len(items) > limit:
+                lines.append(f"  {title:10} ... and {len(items) - limit} more")
+        return "\n".join(lines)
+
+    def markdown(self, limit: int = 200) -> str:
+        head = "❌" if self.regressions else "✅"
+        lines = [f"### {head} pytest-mla: {md_text(self.summary_line())}", "",
+                 f"`{_code(self.old_name)}` → `{_code(self.new_name)}`", ""]
+        for title, items in (("Regressions", self.regressions), ("Fixes", self.fixes), ("Changed", self.changed),
+                             ("New cells", self.new), ("Gone cells", self.gone)):
+            if not items:
+                continue
+            lines += [f"#### {title} ({len(items)})", "", "| cell | before | after | why |", "|---|---|---|---|"]
+            for c in items[:limit]:
+                lines.append(f"| `{_code(c.id)}` | {md_text(c.old or '—')} | {md_text(c.new or '—')} | {md_text(c.reason or '')} |")
+            if len(items) > limit:
+                lines.append(f"| … | {len(items) - limit} more | | |")
+            lines.append("")
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def _code(text: Any) -> str:
+    return str(text).replace("`", "'").replace("\n", " ").replace("|", "\\|")
+
+
+def describe_cell(record: Mapping[str, Any]) -> str:
+    """``pass ✅ verified``: the verdict and the legend state."""
+    state = cell_state(record)
+    return f"{record.get('verdict')} {SYMBOLS[state]} {state}"
+
+
+def _meaning(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    o = record.get("outcome") or {}
+    return (record.get("verdict"), cell_state(record), o.get("kind"), o.get("error"), o.get("message"))
+
+
+def diff_documents(old: Mapping[str, Any], new: Mapping[str, Any], *, old_name: str = "old",
+                   new_name: str = "new") -> Diff:
+    old_cells = {c["id"]: c for c in old["cells"]}
+    new_cells = {c["id"]: c for c in new["cells"]}
+    out = Diff(old_name, new_name, [], [], [], [], [], 0)
+    for cid, n in new_cells.items():
+        o = old_cells.get(cid)
+        if o is None:
+            out.new.append(Change(cid, "new", None, describe_cell(n), _why(n)))
+            continue
+        ov, nv = o.get("verdict"), n.get("verdict")
+        ok_old = (o.get("kernel") or {}).get("status")
+        ok_new = (n.get("kernel") or {}).get("status")
+        before, after = describe_cell(o), describe_cell(n)
+        if (ov in GOOD_VERDICTS and nv in BAD_VERDICTS) or (ok_old == "verified" and ok_new == "failed"):
+            out.regressions.append(Change(cid, "regression", before, after, _why(n)))
+        elif ov in BAD_VERDICTS and nv in GOOD_VERDICTS:
+            out.fixes.append(Change(cid, "fix", before, after))
+        elif _meaning(o) != _meaning(n):
+            out.changed.append(Change(cid, "changed", before, after, _why(n) if nv in BAD_VERDICTS else None))
+        else:
+            out.unchanged += 1
+    for cid, o in old_cells.items():
+        if cid not in new_cells:
+            out.gone.append(Change(cid, "gone", describe_cell(o), None))
+    return out
+
+
+def _why(record: Mapping[str, Any]) -> str | None:
+    if record.get("verdict") in BAD_VERDICTS:
+        k = record.get("kernel") or {}
+        return first_line(record.get("reason")) or first_line(k.get("message")) or None
+    return None
+
+
+__all__ = ["Change", "Diff", "diff_documents", "describe_cell"]

@@ -1,0 +1,188 @@
+"""Merge result documents of one matrix from several hosts (one nightly job per GPU type).
+
+The merged document is an ordinary result document (same schema) whose
+cells are the union of the inputs' cells:
+
+- a cell reported by one input is copied as is, plus ``kernel_runs``;
+- a cell reported by several inputs keeps every kernel result in
+  ``kernel_runs`` (each with ``host`` and ``source``), its ``kernel`` is the
+  most telling of them (failed > verified > not-run), its verdict the worst;
+- ``skip`` records give way to records that ran;
+- the same cell with contradictory *validation* results (the engine
+  accepted on one host and rejected on another, different errors or
+  messages, different expectations, or different verdicts that no kernel
+  result explains) is a conflict. Conflicts raise ``MergeConflictError``
+  unless allowed; allowed conflicts are listed in ``run.conflicts`` and the
+  cell becomes an ``error`` whose reason names the hosts.
+
+``run.merged_from`` lists each input's file, host, versions and counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+from ..core.cells import AXES
+from .results import SCHEMA, SCHEMA_VERSION
+
+VERDICT_ORDER = ("error", "fail", "xpass", "xfail", "pass", "skip")
+KERNEL_ORDER = ("failed", "verified", "not-run")
+
+
+class MergeError(ValueError):
+    """Inputs that cannot be merged (different matrices); prints as one line."""
+
+
+class MergeConflictError(MergeError):
+    def __init__(self, conflicts: list[dict[str, Any]], merged: dict[str, Any]) -> None:
+        self.conflicts = conflicts
+        self.merged = merged
+        ids = ", ".join(c["id"] for c in conflicts[:5]) + (" ..." if len(conflicts) > 5 else "")
+        super().__init__(f"{len(conflicts)} conflicting cell(s): {ids}")
+
+
+def host_label(run: Mapping[str, Any]) -> str:
+    host = run.get("host") or {}
+    arch = host.get("arch") or "?"
+    extra = ", ".join(str(x) for x in (host.get("gpu"), host.get("hostname")) if x)
+    return f"{arch} ({extra})" if extra else str(arch)
+
+
+def validation_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must agree between hosts: the expectation and what the engine did."""
+    e = record.get("expectation") or {}
+    o = record.get("outcome") or {}
+    return (e.get("kind"), e.get("error"), e.get("message"), e.get("match"), e.get("xfail"),
+            o.get("kind"), o.get("error"), o.get("message"))
+
+
+def _kernel_failed(record: Mapping[str, Any]) -> bool:
+    return (record.get("kernel") or {}).get("status") == "failed"
+
+
+def _describe(record: Mapping[str, Any]) -> str:
+    o = record.get("outcome") or {}
+    what = o.get("kind") or "no outcome"
+    if o.get("kind") in ("rejected", "crashed"):
+        what += f" {o.get('error')}: {o.get('message')}"
+    return f"{record.get('verdict')} ({what})"
+
+
+def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[str] | None = None,
+                    allow_conflicts: bool = False) -> dict[str, Any]:
+    """One result document from several; raises ``MergeConflictError`` (holding the merge) on conflicts."""
+    if not documents:
+        raise MergeError("nothing to merge")
+    names = list(names) if names is not None else [f"input {i + 1}" for i in range(len(documents))]
+    matrices = sorted({str(d["run"].get("matrix")) for d in documents})
+    if len(matrices) > 1:
+        raise MergeError(f"cannot merge results of different matrices: {', '.join(matrices)}")
+
+    # Axes: union, in first-seen order.
+    axes: dict[str, list[Any]] = {}
+    for d in documents:
+        for a, values in (d["run"].get("axes") or {}).items():
+            known = axes.setdefault(a, [])
+            known.extend(v for v in values if v not in known)
+
+    seen: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
+    for i, d in enumerate(documents):
+        for cell in d["cells"]:
+            seen.setdefault(cell["id"], []).append((i, cell))
+            for a, v in (cell.get("coords") or {}).items():
+                known = axes.setdefault(a, [])
+                if v not in known:
+                    known.append(v)
+
+    labels = [host_label(d["run"]) for d in documents]
+    conflicts: list[dict[str, Any]] = []
+    merged_cells: list[dict[str, Any]] = []
+    for cell_id, entries in seen.items():
+        merged, conflict = _merge_cell(cell_id, entries, labels, names)
+        if conflict:
+            conflicts.append(conflict)
+        merged_cells.append(merged)
+
+    order = {a: {v: i for i, v in enumerate(vals)} for a, vals in axes.items()}
+    axis_names = [a for a in AXES if a in axes] + [a for a in axes if a not in AXES]
+    merged_cells.sort(key=lambda c: tuple(order[a].get((c.get("coords") or {}).get(a), -1) for a in axis_names))
+
+    runs = [d["run"] for d in documents]
+    first = runs[0]
+    total = 1
+    for a in axis_names:
+        total *= len(axes[a])
+    counts = Counter(c["verdict"] for c in merged_cells)
+    hosts = [r.get("host") or {} for r in runs]
+    archs = sorted({str(h.get("arch")) for h in hosts if h.get("arch")})
+    engine_versions = sorted({str((r.get("engine") or {}).get("version")) for r in runs})
+    engine = dict(first.get("engine") or {})
+    if len(engine_versions) > 1:
+        engine["version"] = " / ".join(engine_versions)
+    wheres = sorted({str((c.get("kernel") or {}).get("where")) for c in merged_cells
+                     if (c.get("kernel") or {}).get("where")})
+    run: dict[str, Any] = {
+        **{k: v for k, v in first.items() if k not in ("counts", "axes")},
+        "engine": engine,
+        "host": {"arch": "+".join(archs) or None, "gpu": ", ".join(sorted({str(h["gpu"]) for h in hosts if h.get("gpu")})) or None,
+                 "gpus": sum(int(h.get("gpus") or 0) for h in hosts), "machine": first.get("host", {}).get("machine"),
+                 "system": first.get("host", {}).get("system"),
+                 "hostname": ", ".join(str(h.get("hostname")) for h in hosts if h.get("hostname")) or None},
+        "triton_mode": wheres[0] if len(wheres) == 1 else (wheres or None),
+        "started": min((r.get("started") for r in runs if r.get("started")), default=None),
+        "finished": max((r.get("finished") for r in runs if r.get("finished")), default=None),
+        "complete": all(r.get("complete", True) for r in runs) and len(merged_cells) == total,
+        "interrupted": any(r.get("interrupted") for r in runs),
+        "cells_total": total,
+        "cells_reported": len(merged_cells),
+        "counts": {v: counts.get(v, 0) for v in ("pass", "fail", "error", "skip", "xfail", "xpass")},
+        "axes": {a: axes[a] for a in axis_names},
+        "merged_from": [
+            {"file": names[i], "host": r.get("host"), "versions": r.get("versions"),
+             "engine_version": (r.get("engine") or {}).get("version"), "git_commit": r.get("git_commit"),
+             "started": r.get("started"), "finished": r.get("finished"),
+             "cells_reported": len(documents[i]["cells"]), "counts": r.get("counts")}
+            for i, r in enumerate(runs)
+        ],
+    }
+    if conflicts:
+        run["conflicts"] = conflicts
+    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": run, "cells": merged_cells}
+    if conflicts and not allow_conflicts:
+        raise MergeConflictError(conflicts, doc)
+    return doc
+
+
+def _merge_cell(cell_id: str, entries: list[tuple[int, Mapping[str, Any]]], labels: Sequence[str],
+                names: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    ran = [(i, r) for i, r in entries if r.get("verdict") != "skip"] or entries
+    base_i, base = ran[0]
+    merged = dict(base)
+    runs = []
+    for i, r in entries:
+        runs.extend(r.get("kernel_runs") or ([{**r["kernel"], "host": labels[i], "source": i}] if r.get("kernel") else []))
+    if runs:
+        merged["kernel_runs"] = runs
+        merged["kernel"] = min(runs, key=lambda k: KERNEL_ORDER.index(k.get("status"))
+                               if k.get("status") in KERNEL_ORDER else len(KERNEL_ORDER))
+        merged["kernel"] = {k: v for k, v in merged["kernel"].items() if k not in ("host", "source")}
+    if len(ran) > 1:
+        worst = min(ran, key=lambda e: VERDICT_ORDER.index(e[1].get("verdict"))
+                    if e[1].get("verdict") in VERDICT_ORDER else -1)
+        if worst[1] is not base:
+            merged.update(verdict=worst[1].get("verdict"), reason=worst[1].get("reason"))
+    keys = {validation_key(r) for _, r in ran}
+    verdicts = {r.get("verdict") for _, r in ran if not _kernel_failed(r)}
+    if len(keys) > 1 or len(verdicts) > 1:
+        conflict = {"id": cell_id, "records": [
+            {"source": names[i], "host": labels[i], "verdict": r.get("verdict"),
+             "outcome": r.get("outcome"), "expectation": r.get("expectation"), "summary": _describe(r)}
+            for i, r in ran]}
+        merged.update(verdict="error", conflict=True, reason="conflicting results across hosts: " + "; ".join(
+            f"{labels[i]}: {_describe(r)}" for i, r in ran))
+        return merged, conflict
+    return merged, None
+
+
+__all__ = ["merge_documents", "MergeError", "MergeConflictError", "host_label"]

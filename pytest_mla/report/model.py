@@ -1,0 +1,312 @@
+"""One model of a result document, shared by every renderer.
+
+A result document (``results.py``) is a flat list of cell records. Renderers
+want it folded: pick *table* axes (one table per value), *row* axes and
+*column* axes; every other axis is *hidden*, and each table cell summarises
+the records that differ only in hidden axes. ``ReportModel.tables`` does the
+folding; ``summarise`` turns one group of records into a symbol, a count and
+the notes that explain it. Pure Python: no torch, no I/O.
+
+States of one record (``cell_state``), in the words of the legend:
+
+    verified  ✅  accepted, decode kernel verified within tolerance
+    accepted  ☑️  accepted, kernel not run here (no GPU of that arch, checks off)
+    rejected  ⛔  rejected with the documented error
+    xfail     ⚠️  known bug (xfail), or a known bug that now passes (xpass)
+    skipped   ➖  skipped (engine missing, version not described)
+    bad       ❌  wrong answer: mismatch, wrong message, kernel out of tolerance, crash
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..core.cells import AXES, format_part
+
+VERIFIED, ACCEPTED, REJECTED, XFAIL, SKIPPED, BAD, MISSING = (
+    "verified", "accepted", "rejected", "xfail", "skipped", "bad", "missing")
+STATES = (VERIFIED, ACCEPTED, REJECTED, XFAIL, SKIPPED, BAD)
+SYMBOLS = {VERIFIED: "✅", ACCEPTED: "☑️", REJECTED: "⛔", XFAIL: "⚠️", SKIPPED: "➖", BAD: "❌", MISSING: "·"}
+PARTIAL = "◐"
+LEGEND = (
+    (VERIFIED, "accepted; decode kernel verified against the float64 reference"),
+    (ACCEPTED, "accepted; kernel not run here"),
+    (REJECTED, "rejected with the documented error"),
+    (PARTIAL, "k/n: accepted in k of the n summarised cells; the note names the exceptions"),
+    (XFAIL, "known bug (xfail / xpass)"),
+    (SKIPPED, "skipped"),
+    (BAD, "mismatch with the matrix, kernel out of tolerance, or crash"),
+)
+ACCEPTED_STATES = (VERIFIED, ACCEPTED)
+#: Verdicts that count as good / bad when comparing runs.
+GOOD_VERDICTS = ("pass", "xfail")
+BAD_VERDICTS = ("fail", "error")
+
+
+def cell_state(record: Mapping[str, Any]) -> str:
+    """The legend state of one cell record."""
+    verdict = record.get("verdict")
+    if verdict in BAD_VERDICTS or verdict is None:
+        return BAD
+    if verdict in ("xfail", "xpass"):
+        return XFAIL
+    if verdict == "skip":
+        return SKIPPED
+    outcome = record.get("outcome") or {}
+    if outcome.get("kind") == "rejected":
+        return REJECTED
+    status = (record.get("kernel") or {}).get("status")
+    if status == "verified":
+        return VERIFIED
+    if status == "failed":
+        return BAD
+    return ACCEPTED
+
+
+def first_line(text: Any) -> str:
+    if not text:
+        return ""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def one_line(text: Any) -> str:
+    """A message on one line (engine messages may wrap)."""
+    return " ".join(str(text).split()) if text else ""
+
+
+def rejection_text(record: Mapping[str, Any]) -> str:
+    """``ValueError: message`` as the engine raised it."""
+    outcome = record.get("outcome") or {}
+    error = outcome.get("error") or (record.get("expectation") or {}).get("error") or "error"
+    return f"{error}: {one_line(outcome.get('message'))}"
+
+
+def state_note(record: Mapping[str, Any], state: str) -> str | None:
+    """The text a note quotes for a record in ``state`` (None: nothing to explain)."""
+    if state == REJECTED:
+        return rejection_text(record)
+    if state == XFAIL:
+        reason = (record.get("expectation") or {}).get("xfail") or record.get("reason")
+        label = "xpass" if record.get("verdict") == "xpass" else "xfail"
+        return f"{label}: {one_line(reason)}" if reason else label
+    if state == SKIPPED:
+        return f"skipped: {one_line(record.get('reason'))}" if record.get("reason") else "skipped"
+    if state == BAD:
+        return f"{record.get('verdict') or 'error'}: {first_line(record.get('reason')) or 'no result'}"
+    return None
+
+
+def format_value(axis: str, value: Any) -> str:
+    return format_part(axis, value) if axis in AXES else str(value)
+
+
+def format_key(axes: Sequence[str], key: Sequence[Any], sep: str = " · ") -> str:
+    return sep.join(format_value(a, v) for a, v in zip(axes, key))
+
+
+class Notes:
+    """Numbered notes, deduplicated by text, numbered in order of first reference."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[str, int] = {}
+
+    def ref(self, text: str) -> int:
+        if text not in self.numbers:
+            self.numbers[text] = len(self.numbers) + 1
+        return self.numbers[text]
+
+    def items(self) -> list[tuple[int, str]]:
+        return [(n, t) for t, n in self.numbers.items()]
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+
+@dataclasses.dataclass
+class Summary:
+    """What one table cell shows for a group of records."""
+
+    state: str  # a STATES value, "partial" or MISSING
+    symbol: str
+    accepted: int
+    total: int
+    refs: list[int]  # note numbers
+    records: list[Mapping[str, Any]]
+
+    @property
+    def text(self) -> str:
+        body = self.symbol
+        if self.state == "partial":
+            body = f"{PARTIAL} {self.accepted}/{self.total}"
+        return body + "".join(f" [{n}]" for n in self.refs)
+
+
+def describe_coords(hidden: Sequence[str], tuples: Iterable[tuple[Any, ...]],
+                    universe: Sequence[tuple[Any, ...]], order: Mapping[str, Mapping[Any, int]]) -> str:
+    """A short condition naming a set of hidden coordinates: ``dcp2, dcp4, dcp8 · eagle-4x3``.
+
+    ``universe`` is every hidden tuple of the group; axes on which the set
+    covers all the group's values are left out. Sets that are no product of
+    per-axis values are listed (at most eight, then a count).
+    """
+    chosen = sorted(set(tuples), key=lambda t: tuple(order[a].get(v, 1 << 30) for a, v in zip(hidden, t)))
+    if not hidden or len(chosen) == len(set(universe)):
+        return "all"
+    per_axis = [sorted({t[i] for t in chosen}, key=lambda v, a=a: order[a].get(v, 1 << 30))
+                for i, a in enumerate(hidden)]
+    product = 1
+    for vals in per_axis:
+        product *= len(vals)
+    all_vals = [{t[i] for t in universe} for i in range(len(hidden))]
+    if product == len(chosen):
+        parts = [", ".join(format_value(a, v) for v in vals)
+                 for a, vals, every in zip(hidden, per_axis, all_vals) if set(vals) != every]
+        return " · ".join(parts) if parts else "all"
+    shown = ["/".join(format_value(a, v) for a, v in zip(hidden, t)) for t in chosen[:8]]
+    more = f" (+{len(chosen) - 8} more)" if len(chosen) > 8 else ""
+    return ", ".join(shown) + more
+
+
+@dataclasses.dataclass
+class Table:
+    key: tuple[Any, ...]  # values of the table axes
+    row_keys: list[tuple[Any, ...]]
+    col_keys: list[tuple[Any, ...]]
+    groups: dict[tuple[tuple[Any, ...], tuple[Any, ...]], list[Mapping[str, Any]]]
+
+
+class ReportModel:
+    """A result document, indexed and ordered for rendering."""
+
+    def __init__(self, document: Mapping[str, Any]) -> None:
+        self.document = document
+        self.run: Mapping[str, Any] = document.get("run") or {}
+        self.cells: list[Mapping[str, Any]] = list(document.get("cells") or [])
+        self.axes: dict[str, list[Any]] = self._axes()
+        self.order: dict[str, dict[Any, int]] = {a: {v: i for i, v in enumerate(vals)}
+                                                 for a, vals in self.axes.items()}
+
+    def _axes(self) -> dict[str, list[Any]]:
+        declared = self.run.get("axes") or {}
+        axes: dict[str, list[Any]] = {a: list(v) for a, v in declared.items()}
+        seen: dict[str, set[Any]] = {a: set(v) for a, v in axes.items()}
+        for cell in self.cells:
+            for a, v in (cell.get("coords") or {}).items():
+                if v not in seen.setdefault(a, set()):
+                    seen[a].add(v)
+                    axes.setdefault(a, []).append(v)
+        ordered = {a: axes[a] for a in AXES if a in axes}
+        ordered.update({a: v for a, v in axes.items() if a not in ordered})
+        return ordered
+
+    # -- layout ----------------------------------------------------------------------
+    def layout(self, rows: Sequence[str] | None = None, cols: Sequence[str] | None = None,
+               tables: Sequence[str] | None = None) -> tuple[list[str], list[str], list[str], list[str]]:
+        """(tables, rows, cols, hidden) axis names; raises ``ValueError`` on an unknown axis."""
+        rows = list(rows) if rows else ["backend"]
+        cols = list(cols) if cols else [a for a in ("arch", "spec") if a not in rows]
+        for a in rows + cols + list(tables or []):
+            if a not in self.axes:
+                raise ValueError(f"unknown axis {a!r} (this report has: {', '.join(self.axes)})")
+        if set(rows) & set(cols):
+            raise ValueError(f"axis {sorted(set(rows) & set(cols))[0]!r} is both a row and a column axis")
+        if tables is None:
+            tables = [a for a in ("model",) if a not in rows and a not in cols]
+        tables = [a for a in tables if a not in rows and a not in cols]
+        hidden = [a for a in self.axes if a not in rows and a not in cols and a not in tables]
+        return list(tables), rows, cols, hidden
+
+    def sort_key(self, axes: Sequence[str]) -> Callable[[tuple[Any, ...]], tuple[int, ...]]:
+        return lambda key: tuple(self.order[a].get(v, 1 << 30) for a, v in zip(axes, key))
+
+    def tables(self, rows: Sequence[str] | None = None, cols: Sequence[str] | None = None,
+               tables: Sequence[str] | None = None) -> tuple[list[Table], list[str], list[str], list[str], list[str]]:
+        t_axes, r_axes, c_axes, hidden = self.layout(rows, cols, tables)
+        by_table: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[tuple[Any, ...], list]]] = {}
+        for cell in self.cells:
+            coords = cell.get("coords") or {}
+            tk = tuple(coords.get(a) for a in t_axes)
+            rk = tuple(coords.get(a) for a in r_axes)
+            ck = tuple(coords.get(a) for a in c_axes)
+            by_table.setdefault(tk, {}).setdefault(rk, {}).setdefault(ck, []).append(cell)
+        # Every row/column value of the axes shows, even where no cell was reported.
+        all_rows = _product([self.axes[a] for a in r_axes])
+        all_cols = _product([self.axes[a] for a in c_axes])
+        out = []
+        for tk in sorted(by_table, key=self.sort_key(t_axes)):
+            groups = {(rk, ck): cells for rk, by_col in by_table[tk].items() for ck, cells in by_col.items()}
+            out.append(Table(tk, all_rows, all_cols, groups))
+        return out, t_axes, r_axes, c_axes, hidden
+
+    # -- summaries -------------------------------------------------------------------
+    def summarise(self, records: Sequence[Mapping[str, Any]], hidden: Sequence[str], notes: Notes) -> Summary:
+        if not records:
+            return Summary(MISSING, SYMBOLS[MISSING], 0, 0, [], [])
+        parts: dict[tuple[str, str | None], list[tuple[Any, ...]]] = {}
+        for r in records:
+            state = cell_state(r)
+            coords = r.get("coords") or {}
+            parts.setdefault((state, state_note(r, state)), []).append(tuple(coords.get(a) for a in hidden))
+        universe = [t for ts in parts.values() for t in ts]
+        states = Counter()
+        for (state, _), ts in parts.items():
+            states[state] += len(ts)
+        accepted = states[VERIFIED] + states[ACCEPTED]
+        total = len(records)
+        if len(parts) == 1:
+            ((state, text),) = parts
+            refs = [notes.ref(text)] if text else []
+            return Summary(state, SYMBOLS[state], accepted, total, refs, list(records))
+
+        def entry(state: str, text: str | None, ts: list[tuple[Any, ...]]) -> str:
+            where = describe_coords(hidden, ts, universe, self.order)
+            label = f"{SYMBOLS[state]} {state}"
+            ref = f" [{notes.ref(text)}]" if text and state == REJECTED else (f": {text}" if text else "")
+            return f"{where}: {label}{ref}"
+
+        def parts_where(pred: Callable[[str], bool]) -> list[str]:
+            chosen = [(k, ts) for k, ts in parts.items() if pred(k[0])]
+            chosen.sort(key=lambda kt: (STATES.index(kt[0][0]), min(self.sort_key(hidden)(t) for t in kt[1])))
+            return [entry(s, text, ts) for (s, text), ts in chosen]
+
+        if states[BAD]:
+            note = "; ".join(parts_where(lambda s: s == BAD))
+            return Summary(BAD, SYMBOLS[BAD], accepted, total, [notes.ref(note)], list(records))
+        if accepted and accepted < total:
+            note = "; ".join(parts_where(lambda s: s not in ACCEPTED_STATES))
+            return Summary("partial", PARTIAL, accepted, total, [notes.ref(note)], list(records))
+        if accepted == total:  # verified and not-run mixed
+            note = "; ".join(parts_where(lambda s: s == VERIFIED))
+            return Summary(ACCEPTED, SYMBOLS[ACCEPTED], accepted, total, [notes.ref(note)], list(records))
+        top = max(states, key=lambda s: (states[s], -STATES.index(s)))
+        note = "; ".join(parts_where(lambda s: True))
+        return Summary(top, SYMBOLS[top], accepted, total, [notes.ref(note)], list(records))
+
+    # -- facts -----------------------------------------------------------------------
+    def counts(self) -> Counter:
+        return Counter(c.get("verdict") for c in self.cells)
+
+    def kernel_counts(self) -> Counter:
+        return Counter((c.get("kernel") or {}).get("status") for c in self.cells if c.get("kernel"))
+
+    def kernel_wheres(self) -> list[str]:
+        wheres: set[str] = set()
+        for c in self.cells:
+            runs = c.get("kernel_runs") or ([c["kernel"]] if c.get("kernel") else [])
+            for k in runs:
+                if k and k.get("status") in ("verified", "failed") and k.get("where"):
+                    wheres.add(str(k["where"]))
+        return sorted(wheres)
+
+    def bad_cells(self) -> list[Mapping[str, Any]]:
+        return [c for c in self.cells if cell_state(c) == BAD]
+
+
+def _product(lists: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = [()]
+    for values in lists:
+        out = [t + (v,) for t in out for v in values]
+    return out
