@@ -13,7 +13,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import shutil
 import subprocess
+import tempfile
 import sys
 from collections import Counter
 from importlib import metadata
@@ -30,7 +32,7 @@ from .core.errors import MatrixError
 from .core.verdicts import ERROR, FAIL, VERDICTS, VERIFIED
 from .host import probe_host
 from .report.results import write_results, write_text_atomic
-from .runner import MatrixRun, crash_record
+from .runner import KERNEL_CACHE_INPUT, MatrixRun, crash_record
 
 
 class ResultCollector:
@@ -42,7 +44,21 @@ class ResultCollector:
         self.written: list[Path] = []
         self.interrupted = False
         self.collection_errors: list[str] = []
+        self.regressions: list[tuple[str, Any]] = []  # (matrix, Change) against --mla-baseline
+        self.kernel_cache: str | None = None  # shared by xdist workers, made on first use
         self.user_tests: dict[tuple[str, str], dict[str, str]] = {}  # (matrix, cell id) → {test: outcome}
+
+    # -- xdist -----------------------------------------------------------------------
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """Hand every xdist worker the folder where kernel results are shared."""
+        if self.kernel_cache is None:
+            self.kernel_cache = tempfile.mkdtemp(prefix="pytest-mla-kernels-")
+        node.workerinput[KERNEL_CACHE_INPUT] = self.kernel_cache
+
+    def pytest_unconfigure(self) -> None:
+        if self.kernel_cache is not None:
+            shutil.rmtree(self.kernel_cache, ignore_errors=True)
 
     # -- events ----------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
@@ -109,6 +125,22 @@ class ResultCollector:
                 matrix=loaded.matrix.name, engine=engine["name"], version=engine["version"] or "unavailable")
             self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
             self.written += render_files(document, stem, self.run.settings.formats)
+            self.gate(session, document)
+
+    def gate(self, session: pytest.Session, document: dict[str, Any]) -> None:
+        """``--mla-baseline``: regressions fail the session; both go to GitHub's step summary."""
+        from .report.baseline import append_step_summary, check_baseline
+        from .report.markdown import render_markdown
+
+        summary = render_markdown(document)
+        old = self.run.baseline
+        if old is not None and old["run"].get("matrix") == document["run"]["matrix"]:
+            regressions, diff_md = check_baseline(old, document, old_name=os.fspath(self.run.settings.baseline))
+            self.regressions += [(document["run"]["matrix"], c) for c in regressions]
+            summary += "\n" + diff_md
+            if regressions and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        append_step_summary(summary)
 
     def document(self, loaded: Any) -> dict[str, Any]:
         matrix = loaded.matrix
@@ -178,6 +210,14 @@ class ResultCollector:
             summary = _matrix_summary(self)
             if summary:
                 tr.write_line(summary)
+        if self.run.baseline is not None:
+            if self.regressions:
+                tr.write_line(f"{len(self.regressions)} regression(s) against {self.run.settings.baseline}:", red=True)
+                for matrix, change in self.regressions:
+                    tr.write_line(f"  REGRESSION {matrix}: {change.id}: {change.old} -> {change.new}"
+                                  + (f" ({change.reason})" if change.reason else ""))
+            else:
+                tr.write_line(f"no regressions against {self.run.settings.baseline}")
         for path in self.written:
             tr.write_line(f"mla report: {_shown(path)}")
 

@@ -156,6 +156,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if is_controller(config):
         from .controller import ResultCollector
 
+        if settings.baseline:
+            from .report.results import ResultFileError, read_results
+
+            try:
+                run.baseline = read_results(settings.baseline)
+            except ResultFileError as exc:
+                raise pytest.UsageError(f"--mla-baseline: {exc}") from None
+
         config.pluginmanager.register(ResultCollector(config, run), "mla-results")
 
 
@@ -214,6 +222,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+    if hasattr(config, "workerinput"):
+        # Workers take cells in chunks: with the arch outermost, the other archs'
+        # cells come after their kernel result is shared (same order on every worker).
+        arch_rank = {arch: i for i, arch in enumerate(_arch_order(run, items))}
+        items.sort(key=lambda it: arch_rank.get(it.cell.arch, -1) if isinstance(it, CellItem) else -1)
+
+
+def _arch_order(run: MatrixRun, items: list[pytest.Item]) -> list[str]:
+    order: list[str] = []
+    for item in items:
+        if isinstance(item, CellItem) and item.cell.arch not in order:
+            order.append(item.cell.arch)
+    return order
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -8,6 +8,8 @@ of plain values; nothing here writes files.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import time
 import traceback
@@ -25,6 +27,10 @@ from .core.verdicts import (
 from .engines.protocol import Configured, Engine, KernelSpec
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
 from .options import Settings
+from .report.results import write_json_atomic
+
+#: Key of ``workerinput`` naming the folder where workers share kernel results.
+KERNEL_CACHE_INPUT = "mla_kernel_cache"
 
 if TYPE_CHECKING:
     import pytest
@@ -47,6 +53,7 @@ class MatrixRun:
         self._kernel_results: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._host_kernel_target: str | None = None  # "interpreter" or an arch, once known
         self._extra_models: dict[str, ModelConfig] | None = None
+        self.baseline: dict[str, Any] | None = None  # the --mla-baseline document (controller only)
 
     # -- loading ---------------------------------------------------------------------
     def display_path(self, path: Path) -> str:
@@ -153,8 +160,9 @@ class MatrixRun:
         seed = self.settings.seed if self.settings.seed is not None else matrix.seed
         case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype)
         key = (case, spec.target, where, self.settings.dcp_mode)
-        cached = self._kernel_results.get(key)
+        cached = self._kernel_results.get(key) or self._shared_result(key)
         if cached is not None:
+            self._kernel_results[key] = cached
             return {**cached, "reused": True}
         try:
             result = harness.run_kernel_check(case, spec.target, dcp_mode=self.settings.dcp_mode, where=where,
@@ -164,7 +172,34 @@ class MatrixRun:
                       "message": f"kernel crashed: {type(exc).__name__}: {exc}", "case": case.as_dict()}
         result = {**result, "kernel": spec.name, "reused": False}
         self._kernel_results[key] = result
+        self._share_result(key, result)
         return result
+
+    # Under xdist each worker is its own process: a folder made by the controller
+    # (``workerinput["mla_kernel_cache"]``) lets a result computed for one arch's
+    # cell on one worker serve the other archs' cells on the others.
+    def _shared_path(self, key: tuple[Any, ...]) -> Path | None:
+        folder = getattr(self.config, "workerinput", {}).get(KERNEL_CACHE_INPUT)
+        if not folder:
+            return None
+        return Path(folder) / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".json")
+
+    def _shared_result(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        path = self._shared_path(key)
+        if path is None or not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # a half-written or vanished file: compute it again
+
+    def _share_result(self, key: tuple[Any, ...], result: dict[str, Any]) -> None:
+        path = self._shared_path(key)
+        if path is not None:
+            try:
+                write_json_atomic(path, result)
+            except (OSError, TypeError, ValueError):
+                pass  # sharing is an optimisation only
 
     def kernel_target(self) -> str:
         if self._host_kernel_target is None:

@@ -1,0 +1,91 @@
+"""Accepted cells of the built-in triton backend run the Triton kernel (interpreter here)."""
+
+import types
+
+import pytest
+
+from pytest_mla.runner import KERNEL_CACHE_INPUT, MatrixRun
+from pytest_mla.options import Settings
+
+from .helpers import matrix, read_report
+
+pytest_plugins = ["pytester"]
+
+TINY = """
+[models.tiny-mla]
+mla = true
+num_heads = 4
+kv_lora_rank = 64
+qk_rope_head_dim = 16
+qk_nope_head_dim = 32
+v_head_dim = 32
+"""
+
+
+def _tiny_matrix(**kw):
+    text = matrix(["triton", "flashmla"], engine="reference", extra=TINY, **kw)
+    return text.replace('model = ["deepseek-v3"]', 'model = ["tiny-mla"]').replace(
+        "dcp = [1]", "dcp = [1, 2]").replace('spec = ["none"]', 'spec = ["none", "eagle-2x2"]')
+
+
+def test_accepted_triton_cells_are_verified_once_per_numeric_config(pytester):
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90", "sm100"), rules="""
+        [[rule]]
+        when = { backend = "flashmla", "spec.topk" = ">1" }
+        reject = { error = "ValueError", message = "Currently FlashMLA only supports topk=1 for speculative decoding" }
+    """))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    result.assert_outcomes(passed=16)
+    result.stdout.fnmatch_lines(["kernels: 8 verified (4 reused), 0 failed, 4 not run"])
+    cells = {c["id"]: c for c in read_report(pytester)["cells"]}
+    first = cells["tiny-mla/triton/dcp2/eagle-2x2/sm90"]["kernel"]
+    again = cells["tiny-mla/triton/dcp2/eagle-2x2/sm100"]["kernel"]
+    assert first["status"] == "verified" and first["where"] == "interpreter" and not first["reused"]
+    assert again["reused"] and again["errors"] == first["errors"] and again["seed"] == first["seed"]
+    assert first["case"]["dcp"] == 2 and first["case"]["s_q"] == 5 and first["case"]["h_q"] == 4
+    assert first["errors"]["out"]["max_abs_err"] <= first["tolerance"]["out"]["abs"] or \
+        first["errors"]["out"]["max_rel_err"] <= first["tolerance"]["out"]["rel"]
+    flashmla = cells["tiny-mla/flashmla/dcp1/none/sm90"]["kernel"]
+    assert flashmla["status"] == "not-run" and "flash_mla" in flashmla["reason"]
+
+
+def test_a_kernel_out_of_tolerance_fails_its_cell(pytester):
+    # A kernel provided by a conftest through pytest_mla_kernel: the Triton kernel, then a planted error.
+    pytester.makepyfile(badkernel='''
+from pytest_mla.kernels.triton_mla import mla_decode
+
+def off_by_a_bit(*args, **kwargs):
+    out, lse = mla_decode(*args, **kwargs)
+    return out + 0.05, lse
+''')
+    pytester.makeconftest('''
+import sys, os
+sys.path.insert(0, os.path.dirname(__file__))
+from pytest_mla.engines.protocol import KernelSpec
+
+def pytest_mla_kernel(config, cell, spec):
+    if spec is not None:
+        return KernelSpec("bad", "badkernel:off_by_a_bit")
+''')
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90",)).replace('["triton", "flashmla"]', '["triton"]')
+                      .replace("dcp = [1, 2]", "dcp = [1]").replace('["none", "eagle-2x2"]', '["none"]'))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    result.assert_outcomes(failed=1)
+    cell = read_report(pytester)["cells"][0]
+    assert cell["verdict"] == "fail" and cell["kernel"]["status"] == "failed"
+    assert cell["kernel"]["kernel"] == "bad"
+    assert "out" in cell["reason"]
+
+
+def test_workers_share_kernel_results_through_the_controllers_folder(tmp_path):
+    config = types.SimpleNamespace(workerinput={KERNEL_CACHE_INPUT: str(tmp_path)})
+    one, two = MatrixRun(config, Settings(()), []), MatrixRun(config, Settings(()), [])
+    key = ("case", "mod:fn", "interpreter", "in-process")
+    assert two._shared_result(key) is None
+    one._share_result(key, {"status": "verified", "errors": {"out": {"max_abs_err": 1e-4}}})
+    assert two._shared_result(key) == {"status": "verified", "errors": {"out": {"max_abs_err": 1e-4}}}
+    (next(tmp_path.iterdir())).write_text("{trunc")  # a torn file is recomputed, not trusted
+    assert two._shared_result(key) is None
+    serial = MatrixRun(types.SimpleNamespace(), Settings(()), [])
+    serial._share_result(key, {"status": "verified"})
+    assert serial._shared_result(key) is None
