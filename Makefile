@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 matrix: $(STAMP)
-	$(BIN)/pytest --mla-matrix -p no:cacheprovider -n $(JOBS) --dist loadgroup -q
+	$(BIN)/pytest --mla-matrix -p no:cacheprovider -n $(JOBS) -q
 
 test: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider -n $(JOBS)
