@@ -89,3 +89,20 @@ def test_workers_share_kernel_results_through_the_controllers_folder(tmp_path):
     serial = MatrixRun(types.SimpleNamespace(), Settings(()), [])
     serial._share_result(key, {"status": "verified"})
     assert serial._shared_result(key) is None
+
+
+def test_distributed_dcp_mode_runs_real_ranks_and_agrees(pytester):
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90",)).replace('["triton", "flashmla"]', '["triton"]')
+                      .replace('["none", "eagle-2x2"]', '["eagle-2x2"]').replace("dcp = [1, 2]", "dcp = [2]"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist", "--mla-dcp-mode=distributed",
+                                           "--mla-dcp-timeout=120")
+    result.assert_outcomes(passed=1)
+    distributed = read_report(pytester)["cells"][0]
+    assert distributed["kernel"]["status"] == "verified"
+    assert read_report(pytester)["run"]["dcp_mode"] == "distributed"
+    pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist").assert_outcomes(passed=1)
+    in_process = read_report(pytester)["cells"][0]
+    # Same inputs (same seed), same ranks and merge: the same numbers either way.
+    assert distributed["kernel"]["case"] == in_process["kernel"]["case"]
+    assert distributed["kernel"]["errors"]["out"]["max_abs_err"] == pytest.approx(
+        in_process["kernel"]["errors"]["out"]["max_abs_err"], rel=1e-6, abs=1e-9)
