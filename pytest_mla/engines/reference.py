@@ -21,6 +21,8 @@ from .. import __version__
 from ..core.cells import Cell, arch_number
 from ..core.models import ModelConfig
 from ..core.spec import SpecSetting, parse_spec
+from ..host import probe_host
+from ..kernels.library_hook import library_kernel_for
 from .protocol import Configured, KernelSpec
 
 TRITON_KERNEL = KernelSpec("triton", "pytest_mla.kernels.triton_mla:mla_decode")
@@ -172,6 +174,15 @@ def _no_kernel(backend: str, library: str) -> str:
     return f"no {backend} decode kernel in the built-in engine ({library} is not wrapped here)"
 
 
+def _library_kernel(args: ServerArgs, default_reason: str) -> dict[str, Any]:
+    """The installed library's kernel (flash_mla, flashinfer) where it runs on this host, else why not."""
+    spec, reason = library_kernel_for(args.attention_backend, probe_host()["arch"], model=args.model,
+                                      spec=args.spec, dcp=args.dcp_size, kv_cache_dtype=args.kv_cache_dtype)
+    if spec is None and reason is None:
+        return {"kernel_reason": default_reason}
+    return {"kernel": spec, "kernel_reason": reason}
+
+
 @register_attention_backend("triton")
 def _triton(args: ServerArgs) -> Configured:
     _dcp_capable(args, returns_lse=True, dcp_positions=True)
@@ -182,7 +193,7 @@ def _triton(args: ServerArgs) -> Configured:
 def _flashinfer(args: ServerArgs) -> Configured:
     _dcp_capable(args, returns_lse=True, dcp_positions=True)
     role = "flashinfer_mla" if args.model.mla else "flashinfer"
-    return Configured({"decode": role, "prefill": role}, kernel_reason=_no_kernel("flashinfer", "flashinfer"))
+    return Configured({"decode": role, "prefill": role}, **_library_kernel(args, _no_kernel("flashinfer", "flashinfer")))
 
 
 @register_attention_backend("fa3")
@@ -195,8 +206,8 @@ def _fa3(args: ServerArgs) -> Configured:
 def _flashmla(args: ServerArgs) -> Configured:
     _mla_only(args)
     _dcp_capable(args, returns_lse=True, dcp_positions=True)
-    return Configured({"decode": "flashmla", "prefill": "flashmla"}, kernel_reason=_no_kernel("flashmla", "flash_mla"),
-                      notes=tuple(args.notes))
+    return Configured({"decode": "flashmla", "prefill": "flashmla"},
+                      **_library_kernel(args, _no_kernel("flashmla", "flash_mla")), notes=tuple(args.notes))
 
 
 @register_attention_backend("cutlass_mla")
@@ -218,7 +229,7 @@ def _trtllm_mla(args: ServerArgs) -> Configured:
         )
     _dcp_capable(args, returns_lse=True, dcp_positions=False)
     return Configured({"decode": "trtllm_mla", "prefill": "trtllm_mla"},
-                      kernel_reason=_no_kernel("trtllm_mla", "flashinfer"), notes=tuple(args.notes))
+                      **_library_kernel(args, _no_kernel("trtllm_mla", "flashinfer")), notes=tuple(args.notes))
 
 
 @register_attention_backend("cutedsl_mla")

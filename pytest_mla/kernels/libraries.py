@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 _LN2 = math.log(2.0)
+FLASHINFER_MLA_BACKEND = "auto"  # BatchMLAPagedAttentionWrapper backend: "auto" (fa3 on sm90, fa2 elsewhere), "fa2", ...
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace; also TRT-LLM MLA's
 _WORKSPACES: dict[tuple[str, str], Any] = {}  # (kind, device) -> workspace tensor, allocated on first use
 
@@ -147,12 +148,13 @@ def _trtllm_function(flashinfer_module: Any) -> Callable | None:
     return None
 
 
-def _accepts(fn: Callable, name: str) -> bool:
+def _accepts(fn: Callable, name: str, *, explicit: bool = False) -> bool:
+    """True when ``fn`` takes keyword ``name`` (``explicit``: named in its signature, not just ``**kwargs``)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return name in params or (not explicit and any(p.kind is p.VAR_KEYWORD for p in params.values()))
 
 
 def library_status(backend: str, host_arch: str) -> tuple[bool, str | None]:
@@ -195,7 +197,7 @@ def library_status(backend: str, host_arch: str) -> tuple[bool, str | None]:
 
 
 def _kernel_spec(lib: LibraryKernel):
-    from ..engines.protocol import KernelSpec  # the engine-facing type; imported only when asked for
+    from ..core.kernelspec import KernelSpec  # the engine-facing type; imported only when asked for
 
     return KernelSpec(lib.backend, lib.target, returns_lse=lib.returns_lse, dcp_positions=lib.dcp_positions,
                       tree_mask=lib.tree_mask)
@@ -408,14 +410,20 @@ def _prepare_flashinfer(q, kv_cache, block_table, cache_seqlens, head_dim_v, sof
     qo_indptr = torch.arange(b + 1, dtype=torch.int32, device=q.device) * s_q
     kv_indptr, kv_indices = _paged_indices(block_table, cache_seqlens, page_size)
 
-    wrapper = BatchMLAPagedAttentionWrapper(_workspace("flashinfer", q.device, zero=False), backend="auto")
+    wrapper = BatchMLAPagedAttentionWrapper(_workspace("flashinfer", q.device, zero=False),
+                                            backend=FLASHINFER_MLA_BACKEND)
+    # The LSE base: newest releases choose it at plan time (lse_mode), earlier ones at run time
+    # (return_lse_base_on_e), the oldest always return base 2.
+    plan_lse_mode = _accepts(wrapper.plan, "lse_mode", explicit=True)
+    run_base_flag = not plan_lse_mode and _accepts(wrapper.run, "return_lse_base_on_e", explicit=True)
+    base_e = plan_lse_mode or run_base_flag
     wrapper.plan(
         qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=cache_seqlens,
         num_heads=h_q, head_dim_ckv=head_dim_v, head_dim_kpe=d_qk - head_dim_v, page_size=page_size,
         causal=causal and s_q > 1, sm_scale=softmax_scale, q_data_type=q.dtype, kv_data_type=kv_cache.dtype,
+        **({"lse_mode": "basee"} if plan_lse_mode else {}),
     )
-    base_e = _accepts(wrapper.run, "return_lse_base_on_e")
-    extra = {"return_lse_base_on_e": True} if base_e else {}
+    extra = {"return_lse_base_on_e": True} if run_base_flag else {}
 
     def launch():
         o, lse = wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=True, **extra)  # [b*s_q, h_q, 512], [b*s_q, h_q]
@@ -475,7 +483,7 @@ def _prepare_trtllm(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax
         pad = multiple - block_table.shape[1] % multiple
         block_table = torch.cat([block_table, block_table[:, -1:].expand(b, pad)], dim=1)
     max_seq_len = int(cache_seqlens.max()) if b else 0
-    base_e = _accepts(fn, "return_lse_base_on_e")
+    base_e = _accepts(fn, "return_lse_base_on_e", explicit=True)
     extra = {"return_lse_base_on_e": True} if base_e else {}
     kwargs = dict(
         query=q.contiguous(),  # [b, s_q, h_q, 576]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .libraries import LIBRARY_KERNELS, _kernel_spec, library_status
 
 if TYPE_CHECKING:
-    from ..engines.protocol import KernelSpec
+    from ..core.kernelspec import KernelSpec
 
 __all__ = ["library_kernel_for", "library_limit"]
 
