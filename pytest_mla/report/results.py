@@ -35,21 +35,9 @@ def build_document(run: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -
 
 
 def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=1, ensure_ascii=False, allow_nan=False, default=_plain)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    """Serialise first (a value that is not plain JSON fails before any file is touched), then write."""
+    text = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False, default=_plain) + "\n"
+    return write_text_atomic(path, text)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
