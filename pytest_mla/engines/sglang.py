@@ -1,0 +1,351 @@
+"""The real SGLang engine: its own argument resolution and attention-backend factories.
+
+For a cell the adapter builds SGLang's real server arguments (the same argv
+``sglang serve`` parses), resolves them with SGLang's resolution pipeline
+(``ServerArgs.resolve_once``: the ``arg_groups`` hooks that refuse
+arch / KV-dtype / page-size combinations and rewrite some settings), publishes
+them as the scheduler process does, and runs the model runner's backend
+builder (``_build_resolved_backend``: decode before prefill, a hybrid wrapper
+when they differ) through SGLang's ``ATTENTION_BACKENDS`` factories. Whatever
+SGLang raises propagates unchanged; an accepted cell reports the backend
+classes the factories would have built.
+
+How it runs on a CPU-only machine (see docs/engines.md):
+
+* **The GPU arch is faked with SGLang's own switch**,
+  ``sglang.srt.runtime_context.override_platform(...)``: every platform fact
+  (``is_cuda``, ``is_sm90``, ``is_sm100``, ``is_blackwell``, ``device_sm``,
+  ``device_capability``, ...) is set from the cell's arch for the duration of
+  one cell. ``has_flashinfer`` is set true (a GPU host with the kernel
+  libraries installed). The ``fa3`` factory calls ``get_device_capability()``
+  directly (imported into ``attention_registry``), so that name is patched to
+  the cell's capability as well.
+* **No backend is constructed.** While the factories run, the modules they
+  import their backend classes from (read from the factories' own source)
+  are swapped for probe modules: ``SomeBackend(runner)`` records
+  ``"SomeBackend"`` instead of allocating GPU workspaces. Every check a
+  factory makes *before* it constructs still runs; checks inside a backend's
+  ``__init__`` are out of reach (they need a GPU model runner).
+  ``torch.cuda.Stream()`` (created by the ``flashinfer`` factory under EAGLE,
+  after its checks) is likewise replaced by a placeholder for the factory
+  call, so ``RuntimeError: torch.cuda.Stream requires CUDA support`` -- a
+  machine artifact -- never reaches a verdict; the cell carries a note.
+* **Import stubs**: ``torchvision`` (a CUDA-linked wheel that transformers and
+  SGLang's multimodal configs import for names only) is an inert stub, listed
+  in ``metadata()["stubs"]``.
+* **Models** are weightless ``config.json`` files shipped in
+  ``pytest_mla/engines/model_configs/<model>/`` (no quantization config).
+
+``tp`` defaults to the cell's DCP size (DCP shards inside a TP group) when the
+matrix has no ``tp`` axis. Speculative cells pass ``--speculative-algorithm
+EAGLE`` with topk, steps and ``num_draft_tokens`` from the spec setting; the
+draft model path is the model's own config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+import os
+import re
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ..core.cells import Cell, arch_number
+from ..core.models import ModelConfig
+from ..core.spec import parse_spec
+from .protocol import Configured
+
+if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
+    raise ImportError("sglang is not installed in this environment", name="sglang")
+
+#: Weightless model configs, one folder per catalogue model.
+MODEL_CONFIGS = Path(__file__).with_name("model_configs")
+
+#: CUDA-linked modules replaced by import stubs (imported for names only).
+STUBS = {"torchvision": {"torchvision": {"__version__": "0.28.0"}}}
+
+_FACTORY_IMPORT = re.compile(r"from\s+(sglang\.srt\.[\w.]+)\s+import")
+_HYBRID_MODULE = "sglang.srt.layers.attention.hybrid_attn_backend"
+
+#: Note recorded when the flashinfer factory's CUDA stream was not created.
+STREAM_NOTE = "torch.cuda.Stream() not created (no GPU here): the factory's checks had all passed"
+
+
+def platform_facts(arch: str) -> dict[str, Any]:
+    """SGLang's platform facts for an NVIDIA arch such as ``sm90``, as its probes would answer."""
+    sm = arch_number(arch)
+    if sm is None:
+        raise ValueError(f"sglang adapter: only NVIDIA archs (smNN) can be faked, got {arch!r}")
+    major, minor = divmod(sm, 10)
+    return {
+        "is_cuda": True, "is_hip": False, "is_npu": False, "is_xpu": False, "is_musa": False, "is_mps": False,
+        "is_sm90": major == 9,
+        "is_sm100": major == 10,
+        "is_sm100_or_sm110": major in (10, 11),
+        "is_sm110": major == 11,
+        "is_sm120": major == 12,
+        "is_blackwell": major in (10, 11, 12),
+        "is_hopper_with_cuda_12_3": major == 9,
+        "has_amx": False,
+        "has_flashinfer": True,
+        "device_sm": sm,
+        "device_capability": (major, minor),
+    }
+
+
+def server_argv(cell: Cell, model: ModelConfig, model_path: str) -> list[str]:
+    """The ``sglang serve`` arguments of a cell.
+
+    A backend value ``P+D`` means ``--prefill-attention-backend P
+    --decode-attention-backend D``.
+    """
+    spec = parse_spec(cell.spec)
+    tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
+    prefill, plus, decode = cell.backend.partition("+")
+    if plus:  # "P+D": separate prefill and decode backends, --attention-backend left to SGLang
+        backend_args = ["--prefill-attention-backend", prefill, "--decode-attention-backend", decode]
+    else:
+        backend_args = ["--attention-backend", cell.backend]
+    argv = [
+        "--model-path", model_path,
+        "--device", "cuda",
+        *backend_args,
+        "--tp-size", str(tp),
+        "--dcp-size", str(cell.dcp),
+    ]
+    if spec.enabled:
+        algorithm = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn": "NEXTN"}[spec.algorithm or ""]
+        argv += [
+            "--speculative-algorithm", algorithm,
+            "--speculative-eagle-topk", str(spec.topk),
+            "--speculative-num-steps", str(spec.steps),
+            "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
+        ]
+        if not model.mla:  # DeepSeek-style models draft with their own MTP layer
+            argv += ["--speculative-draft-model-path", model_path]
+    if cell.kv_dtype is not None:
+        argv += ["--kv-cache-dtype", cell.kv_dtype]
+    if cell.page_size is not None:
+        argv += ["--page-size", str(cell.page_size)]
+    return argv
+
+
+class _Built:
+    """What a probed backend constructor returns: the class name it would have built."""
+
+    def __init__(self, name: str, kwargs: Mapping[str, Any]) -> None:
+        self.name = name
+        self.kwargs = dict(kwargs)
+
+    def __repr__(self) -> str:
+        return f"<not constructed: {self.name}>"
+
+
+def _probe_class(name: str) -> type:
+    def construct(cls: type, *args: Any, **kwargs: Any) -> _Built:
+        return _Built(name, kwargs)
+
+    return type(name, (), {"__new__": construct})
+
+
+class _ProbeModule(types.ModuleType):
+    """Stands in for a backend module while a factory runs: its classes record, never build."""
+
+    def __init__(self, name: str, real: types.ModuleType | None) -> None:
+        super().__init__(name)
+        self._real = real
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        real = self._real
+        value = getattr(real, attr, None) if real is not None else None
+        if value is None or inspect.isclass(value):
+            return _probe_class(attr)
+        return value  # helper functions and constants of a loaded module stay real
+
+
+class _StreamPlaceholder:
+    created: list[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _StreamPlaceholder.created.append("stream")
+
+
+class SGLangEngine:
+    """Adapter for an installed ``sglang`` (``[engine] name = "sglang"``)."""
+
+    name = "sglang"
+    #: SGLang refuses with ``ValueError`` (factories, resolution hooks) and ``AssertionError``
+    #: (``assert`` checks in fa3/triton factories and the CuteDSL prefill check).
+    refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError)
+
+    def __init__(self) -> None:
+        from ._import_stubs import install_stubs
+
+        self.stubs: list[str] = []
+        for root, attrs in STUBS.items():
+            self.stubs += install_stubs([root], attrs)
+        logging.getLogger("sglang").setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from sglang.srt import runtime_context
+            from sglang.srt.arg_groups import overrides
+            from sglang.srt.configs.model_config import AttentionArch
+            from sglang.srt.layers.attention import attention_registry
+            from sglang.srt.mem_cache import kv_cache_dtype
+            from sglang.srt.model_executor.model_runner_components import attention_backend_setup
+            from sglang.srt.server_args import prepare_server_args
+        self._rc = runtime_context
+        self._overrides = overrides
+        self._mla_arch = AttentionArch.MLA
+        self._registry = attention_registry
+        self._kv_cache_dtype = kv_cache_dtype
+        self._setup = attention_backend_setup
+        self._prepare = prepare_server_args
+        self.version = importlib.metadata.version("sglang")
+        self._probe_modules = self._factory_modules()
+
+    # -- Engine protocol -------------------------------------------------------------
+    def configure(self, cell: Cell, model: ModelConfig) -> Configured:
+        path = MODEL_CONFIGS / cell.model
+        if not (path / "config.json").is_file():
+            raise LookupError(f"sglang adapter: no weightless config.json for model {cell.model!r} under {MODEL_CONFIGS}")
+        argv = server_argv(cell, model, os.fspath(path))
+        facts = platform_facts(cell.arch)
+        with self._quiet(), self._rc.override_platform(**facts), self._capability(facts["device_capability"]):
+            server_args = self._prepare(argv)
+            server_args.resolve_once()  # SGLang's resolution pipeline: raises its own errors
+            self._rc.publish(server_args, role="test")
+            runner = self._runner(server_args)
+            built, notes = self._build(runner)
+        resolved = self._overrides.resolution_result
+        for field, label in (("page_size", "page size"), ("kv_cache_dtype", "kv-cache-dtype"),
+                             ("attention_backend", "attention backend")):
+            if field == "attention_backend" and "+" in cell.backend:
+                continue
+            asked = _asked(cell, field)
+            got = resolved(server_args, field)
+            if asked is not None and str(got) != str(asked):
+                notes.append(f"{label} {asked} resolved to {got}")
+        return Configured(backends=built, kernel_reason="SGLang's kernels need a GPU and sgl-kernel/flashinfer",
+                          notes=tuple(notes))
+
+    def metadata(self) -> Mapping[str, Any]:
+        return {
+            "engine": "sglang",
+            "version": self.version,
+            "stubs": list(self.stubs),
+            "faked": "runtime_context.override_platform + attention_registry.get_device_capability",
+            "not_constructed": sorted(self._probe_modules),
+        }
+
+    # -- pieces ------------------------------------------------------------------------
+    def _factory_modules(self) -> set[str]:
+        """Modules SGLang's factories import backend classes from (read from their source)."""
+        modules = {_HYBRID_MODULE}
+        for factory in set(self._registry.ATTENTION_BACKENDS.values()):
+            try:
+                source = inspect.getsource(factory)
+            except (OSError, TypeError):
+                continue
+            modules.update(m.group(1) for m in _FACTORY_IMPORT.finditer(source))
+        return modules
+
+    def _runner(self, server_args: Any) -> Any:
+        """The attributes of a model runner that the backend builder and factories read."""
+        model_config = self._overrides.model_config_of(server_args)
+        prefill, decode = self._rc.attention_backends()
+        _, kv_dtype = self._kv_cache_dtype.configure_kv_cache_dtype(
+            server_args_kv_cache_dtype=self._rc.get_model().kv_cache_dtype,
+            model=None,
+            model_dtype=__import__("torch").bfloat16,
+            is_draft_worker=False,
+            is_dflash=False,
+            speculative_draft_attention_backend=None,
+            speculative_draft_kv_cache_dtype=self._rc.get_spec().speculative_draft_kv_cache_dtype,
+        )
+        return types.SimpleNamespace(
+            server_args=server_args,
+            model_config=model_config,
+            use_mla_backend=model_config.attention_arch == self._mla_arch,
+            kv_cache_dtype=kv_dtype,
+            prefill_attention_backend_str=prefill,
+            decode_attention_backend_str=decode,
+            is_draft_worker=False,
+            draft_attention_backend=None,
+            init_new_workspace=False,
+            device="cuda",
+            page_size=self._rc.get_schedule().page_size,
+        )
+
+    def _build(self, runner: Any) -> tuple[dict[str, str], list[str]]:
+        """Run SGLang's backend builder with probe modules; map roles to backend classes."""
+        resolved = self._setup.ResolvedAttentionBackendStr(
+            prefill=runner.prefill_attention_backend_str, decode=runner.decode_attention_backend_str)
+        _StreamPlaceholder.created = []
+        with self._probes():
+            built = self._setup._build_resolved_backend(model_runner=runner, resolved=resolved,
+                                                        init_new_workspace=False)
+        notes = [STREAM_NOTE] if _StreamPlaceholder.created else []
+        if isinstance(built, _Built) and "decode_backend" in built.kwargs:
+            decode, prefill = built.kwargs["decode_backend"], built.kwargs["prefill_backend"]
+            return {"decode": _label(decode), "prefill": _label(prefill)}, notes
+        return {"decode": _label(built), "prefill": _label(built)}, notes
+
+    @contextlib.contextmanager
+    def _probes(self) -> Iterator[None]:
+        import torch
+
+        saved = {name: sys.modules.get(name) for name in self._probe_modules}
+        stream = torch.cuda.Stream
+        try:
+            for name, real in saved.items():
+                sys.modules[name] = _ProbeModule(name, real)
+            torch.cuda.Stream = _StreamPlaceholder  # type: ignore[misc,assignment]
+            yield
+        finally:
+            torch.cuda.Stream = stream  # type: ignore[misc]
+            for name, real in saved.items():
+                if real is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = real
+
+    @contextlib.contextmanager
+    def _capability(self, capability: tuple[int, int]) -> Iterator[None]:
+        registry = self._registry
+        real = registry.get_device_capability
+        registry.get_device_capability = lambda device_id=0: capability
+        try:
+            yield
+        finally:
+            registry.get_device_capability = real
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Iterator[None]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            previous = logging.root.manager.disable
+            logging.disable(logging.WARNING)
+            try:
+                yield
+            finally:
+                logging.disable(previous)
+
+
+def _asked(cell: Cell, field: str) -> Any:
+    """What the cell asked for (SGLang's defaults where the matrix has no axis)."""
+    return {"page_size": cell.page_size if cell.page_size is not None else 1,
+            "kv_cache_dtype": cell.kv_dtype or "auto", "attention_backend": cell.backend}[field]
+
+
+def _label(built: Any) -> str:
+    return built.name if isinstance(built, _Built) else type(built).__name__

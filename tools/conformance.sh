@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Conformance: run matrix/sglang.toml and matrix/vllm.toml against the REAL engines'
+# validation code, each in its own virtual environment, on a CPU-only machine.
+#
+#   tools/conformance.sh                 # create/reuse venvs, run all three, write reports/
+#   tools/conformance.sh --install-only  # only create/refresh the venvs
+#   tools/conformance.sh --only sglang   # one of: sglang, sglang-0.5.22, vllm (repeatable)
+#
+# Venvs: .venv-sglang (sglang 0.5.23), .venv-sglang-0.5.22, .venv-vllm (vllm 0.34.0).
+# Each holds CPU torch 2.13.0, the engine's pure-Python import-time dependencies,
+# the engine itself installed --no-deps (its pins want CUDA torch), and pytest-mla
+# (-e, --no-deps) with pytest/packaging/tabulate. A stamp file records the pins; a
+# venv whose stamp matches is reused as is, so a rerun only runs the matrices.
+# Reports: reports/sglang-0.5.23.*, reports/sglang-0.5.22.*, reports/vllm-0.34.0.*.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+REPORT_DIR="${MLA_REPORT_DIR:-reports}"
+TRIES="${MLA_PIP_TRIES:-3}"
+
+TORCH_PIN="torch==2.13.0"
+TRITON_PIN="triton==3.9.0"
+HARNESS_DEPS="pytest>=8.1 packaging>=23 tabulate>=0.9"
+# Import-time dependencies of the engines (shared/reference/*.md), pure Python or CPU wheels.
+SGLANG_DEPS="numpy orjson psutil pybase64 requests packaging pillow fastapi msgspec pyzmq tqdm \
+ipython aiohttp transformers dill sentencepiece loguru gguf openai partial_json_parser einops \
+apache-tvm-ffi uvicorn pydantic"
+SGLANG_NODEPS="compressed-tensors"
+VLLM_DEPS="$SGLANG_DEPS cachetools cbor2 cloudpickle uvloop py-cpuinfo prometheus_client \
+llguidance blake3 msgspec pyyaml regex tokenizers protobuf diskcache lark openai-harmony \
+prometheus-fastapi-instrumentator watchfiles setproctitle"
+VLLM_NODEPS="compressed-tensors xgrammar"
+
+# name | engine pin | deps | no-deps extras | lock file (exact versions of everything else)
+VENVS=(
+  ".venv-sglang|sglang==0.5.23|SGLANG_DEPS|SGLANG_NODEPS|tools/locks/sglang-0.5.23.txt"
+  ".venv-sglang-0.5.22|sglang==0.5.22|SGLANG_DEPS|SGLANG_NODEPS|tools/locks/sglang-0.5.22.txt"
+  ".venv-vllm|vllm==0.34.0|VLLM_DEPS|VLLM_NODEPS|tools/locks/vllm-0.34.0.txt"
+)
+STAMP_VERSION=2
+
+install_only=0
+only=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --install-only) install_only=1 ;;
+    --only) only+=("$2"); shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "conformance: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# pip with retries and backoff (transient network errors are common on first installs).
+pip_retry() {
+  local py="$1"; shift
+  local try=1 wait=5
+  until "$py" -m pip install --quiet --disable-pip-version-check "$@"; do
+    if (( try >= TRIES )); then
+      echo "conformance: pip install $* failed after $TRIES tries" >&2
+      return 1
+    fi
+    echo "conformance: pip install failed (try $try/$TRIES), retrying in ${wait}s" >&2
+    sleep "$wait"; try=$((try + 1)); wait=$((wait * 3))
+  done
+}
+
+selected() {
+  local dir="$1" name
+  [[ ${#only[@]} -eq 0 ]] && return 0
+  name="${dir#.venv-}"
+  for o in "${only[@]}"; do [[ "$o" == "$name" ]] && return 0; done
+  return 1
+}
+
+ensure_venv() {
+  local dir="$1" engine="$2" deps="$3" nodeps="$4" lock="$5"
+  local stamp="$dir/.mla-stamp"
+  local want
+  want="v$STAMP_VERSION $engine $TORCH_PIN $TRITON_PIN | $deps | nodeps: $nodeps | $HARNESS_DEPS | lock $(cksum < "$lock")"
+  if [[ -x "$dir/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    # The editable install points at this checkout; refresh it cheaply if the tree moved.
+    if ! "$dir/bin/python" -c 'import pytest_mla, sys; sys.exit(0 if pytest_mla.__file__.startswith(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null; then
+      pip_retry "$dir/bin/python" --no-deps -e "$ROOT"
+    fi
+    echo "conformance: $dir reused (pins match)"
+    return 0
+  fi
+  local t0; t0="$(now)"
+  echo "conformance: creating $dir ($engine)"
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  local py="$dir/bin/python"
+  local constraints="$dir/.mla-constraints.txt"
+  # The lock (pip freeze of a venv that passed) keeps transitive versions from drifting.
+  { printf '%s\n' "$TORCH_PIN" "$TRITON_PIN"; cat "$lock"; } > "$constraints"
+  pip_retry "$py" "$TORCH_PIN" "$TRITON_PIN"
+  # shellcheck disable=SC2086
+  pip_retry "$py" -c "$constraints" $deps $HARNESS_DEPS
+  # shellcheck disable=SC2086
+  pip_retry "$py" --no-deps -c "$constraints" $nodeps
+  pip_retry "$py" --no-deps "$engine"
+  pip_retry "$py" --no-deps -e "$ROOT"
+  echo "$want" > "$stamp"
+  echo "conformance: $dir installed in $(elapsed "$t0")s"
+}
+
+run_matrix() {
+  local dir="$1" matrix="$2"
+  local t0; t0="$(now)"
+  local rc=0
+  "$dir/bin/python" -m pytest -p no:cacheprovider -q --no-header -rN \
+    --rootdir "$ROOT" -c /dev/null \
+    --mla-matrix="$matrix" --mla-kernel=off \
+    --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' || rc=$?
+  echo "conformance: $matrix with $dir: exit $rc in $(elapsed "$t0")s"
+  return $rc
+}
+
+total0="$(now)"
+status=0
+for spec in "${VENVS[@]}"; do
+  IFS='|' read -r dir engine depsvar nodepsvar lock <<<"$spec"
+  selected "$dir" || continue
+  ensure_venv "$dir" "$engine" "${!depsvar}" "${!nodepsvar}" "$lock"
+done
+if (( install_only )); then
+  echo "conformance: venvs ready in $(elapsed "$total0")s"
+  exit 0
+fi
+for spec in "${VENVS[@]}"; do
+  IFS='|' read -r dir engine _ _ _ <<<"$spec"
+  selected "$dir" || continue
+  case "$engine" in
+    sglang*) matrix=matrix/sglang.toml ;;
+    vllm*) matrix=matrix/vllm.toml ;;
+  esac
+  run_matrix "$dir" "$matrix" || status=1
+done
+echo "conformance: total $(elapsed "$total0")s"
+exit $status
