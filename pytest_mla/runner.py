@@ -64,17 +64,7 @@ class MatrixRun:
 
     def extra_models(self) -> dict[str, ModelConfig]:
         if self._extra_models is None:
-            models: dict[str, ModelConfig] = {}
-            for result in self.config.hook.pytest_mla_models(config=self.config):
-                for name, entry in (result or {}).items():
-                    if isinstance(entry, ModelConfig):
-                        models[name] = entry
-                    else:
-                        try:
-                            models[name] = ModelConfig.from_mapping(name, entry)
-                        except ModelConfigError as exc:
-                            raise MatrixError("pytest_mla_models", [Problem(f"{name}.{exc.key}", exc.message)]) from None
-            self._extra_models = models
+            self._extra_models = hook_models(self.config)
         return self._extra_models
 
     def load(self, path: Path) -> LoadedMatrix:
@@ -207,6 +197,21 @@ class MatrixRun:
 
             self._host_kernel_target = _mode.ensure_triton_mode()
         return self._host_kernel_target
+
+
+def hook_models(config: "pytest.Config") -> dict[str, ModelConfig]:
+    """Catalogue entries registered through ``pytest_mla_models``."""
+    models: dict[str, ModelConfig] = {}
+    for result in config.hook.pytest_mla_models(config=config):
+        for name, entry in (result or {}).items():
+            if isinstance(entry, ModelConfig):
+                models[name] = entry
+                continue
+            try:
+                models[name] = ModelConfig.from_mapping(name, entry)
+            except ModelConfigError as exc:
+                raise MatrixError("pytest_mla_models", [Problem(f"{name}.{exc.key}", exc.message)]) from None
+    return models
 
 
 def base_record(matrix: Matrix, cell: Cell, expect: Expectation) -> dict[str, Any]:

@@ -97,7 +97,9 @@ def _load(config: pytest.Config, path: Path) -> Matrix:
     run = config.stash.get(run_key, None)
     if run is not None:
         return run.load(path).matrix
-    return load_matrix(path, display_path=os.path.relpath(path, config.rootpath))
+    from .runner import hook_models
+
+    return load_matrix(path, extra_models=hook_models(config), display_path=os.path.relpath(path, config.rootpath))
 
 
 def _engine_version(config: pytest.Config, path: Path) -> str | None:
