@@ -47,6 +47,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -97,6 +98,12 @@ def check_document(doc: Any, shown: str = "<result>") -> dict[str, Any]:
         if not isinstance(cell, dict) or not isinstance(cell.get("id"), str) or "verdict" not in cell:
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: needs \"id\" and \"verdict\"")
     return doc
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _plain(value: Any) -> Any:
