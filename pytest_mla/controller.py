@@ -199,6 +199,9 @@ class ResultCollector:
             reused = sum(1 for r in self.records.values() if (r.get("kernel") or {}).get("reused"))
             tr.write_line(f"kernels: {kernels.get(VERIFIED, 0)} verified ({reused} reused), "
                           f"{kernels.get('failed', 0)} failed, {kernels.get('not-run', 0)} not run")
+            worst = worst_kernel_errors(self.records.values())
+            if worst:
+                tr.write_line("  worst of the verified: " + worst)
         bad = [r for r in self.records.values() if r["verdict"] in (FAIL, ERROR)]
         limit = None if verbosity > 0 else 20
         for r in bad[:limit]:
@@ -220,6 +223,24 @@ class ResultCollector:
                 tr.write_line(f"no regressions against {self.run.settings.baseline}")
         for path in self.written:
             tr.write_line(f"mla report: {_shown(path)}")
+
+
+def worst_kernel_errors(records: Any) -> str:
+    """The largest errors over the verified kernel checks, and the kernel time spent."""
+    runs = [r["kernel"] for r in records if (r.get("kernel") or {}).get("status") == VERIFIED]
+    out = [k.get("errors", {}).get("out", {}) for k in runs]
+    lse = [k.get("errors", {}).get("lse", {}) for k in runs]
+    if not out:
+        return ""
+
+    def top(rows: list[dict[str, Any]], key: str) -> float:
+        return max((float(r[key]) for r in rows if isinstance(r.get(key), (int, float))), default=0.0)
+
+    spent = sum(float(k.get("time_s") or 0) for k in runs if not k.get("reused"))
+    # (max_rel_err alone misleads: near-zero elements pass by the absolute bound.)
+    return (f"out max abs {top(out, 'max_abs_err'):.2e}, outside abs-or-rel {top(out, 'fail_frac'):.0%}, "
+            f"cos diff {top(out, 'cos_diff'):.2e}; lse max abs {top(lse, 'max_abs_err'):.2e}; "
+            f"kernel time {spent:.1f} s")
 
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...]) -> list[Path]:
