@@ -16,7 +16,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import sys
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
@@ -314,5 +313,3 @@ def _git_commit(root: Path) -> str | None:
         return None
     return res.stdout.strip() or None if res.returncode == 0 else None
 
-
-__all__ = ["ResultCollector", "render_files", "sys"]

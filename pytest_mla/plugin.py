@@ -16,7 +16,7 @@ from typing import Any, Generator
 import pytest
 
 from .collect import RECORD_ATTR, CellItem, MatrixFile, kernel_group
-from .core.verdicts import ERROR, XFAIL, XPASS
+from .core.verdicts import XFAIL, XPASS
 from . import user_cells
 from .host import probe_host
 from .options import (
@@ -225,11 +225,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if hasattr(config, "workerinput"):
         # Workers take cells in chunks: with the arch outermost, the other archs'
         # cells come after their kernel result is shared (same order on every worker).
-        arch_rank = {arch: i for i, arch in enumerate(_arch_order(run, items))}
+        arch_rank = {arch: i for i, arch in enumerate(_arch_order(items))}
         items.sort(key=lambda it: arch_rank.get(it.cell.arch, -1) if isinstance(it, CellItem) else -1)
 
 
-def _arch_order(run: MatrixRun, items: list[pytest.Item]) -> list[str]:
+def _arch_order(items: list[pytest.Item]) -> list[str]:
     order: list[str] = []
     for item in items:
         if isinstance(item, CellItem) and item.cell.arch not in order:

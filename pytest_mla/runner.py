@@ -14,7 +14,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .core.cells import Cell
 from .core.errors import MatrixError, Problem
@@ -22,7 +22,7 @@ from .core.matrix import Matrix, load_matrix
 from .core.models import ModelConfig, ModelConfigError
 from .core.rules import Expectation
 from .core.verdicts import (
-    ACCEPTED, ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, VERIFIED, Outcome, judge,
+    ACCEPTED, ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, Outcome, judge,
 )
 from .engines.protocol import Configured, Engine, KernelSpec
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
@@ -242,5 +242,3 @@ def crash_record(matrix: Matrix, cell: Cell, expect: Expectation, message: str) 
     record.update(verdict=ERROR, reason=message, duration_s=None)
     return record
 
-
-__all__ = ["MatrixRun", "LoadedMatrix", "crash_record", "VERIFIED"]

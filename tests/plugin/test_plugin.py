@@ -1,6 +1,5 @@
 """The plugin end to end: real pytest sessions through pytester."""
 
-import json
 import subprocess
 import sys
 
