@@ -1,7 +1,10 @@
 """The real SGLang engine: its own argument resolution and attention-backend factories.
 
 For a cell the adapter builds SGLang's real server arguments (the same argv
-``sglang serve`` parses), resolves them with SGLang's resolution pipeline
+``sglang serve`` parses; for a backend name outside the parser's ``choices``,
+which argparse would reject with ``SystemExit`` before SGLang checks anything,
+``ServerArgs(**kwargs)`` as SGLang's programmatic ``Engine(**kwargs)`` builds
+it, so the model runner's registry lookup answers for the name), resolves them with SGLang's resolution pipeline
 (``ServerArgs.resolve_once``: the ``arg_groups`` hooks that refuse
 arch / KV-dtype / page-size combinations and rewrite some settings), publishes
 them as the scheduler process does, and runs the model runner's backend
@@ -100,41 +103,50 @@ def platform_facts(arch: str) -> dict[str, Any]:
     }
 
 
-def server_argv(cell: Cell, model: ModelConfig, model_path: str) -> list[str]:
-    """The ``sglang serve`` arguments of a cell.
+def server_kwargs(cell: Cell, model: ModelConfig, model_path: str) -> dict[str, Any]:
+    """The ``ServerArgs`` fields a cell sets (``Engine(**kwargs)`` keywords), in argv order.
 
-    A backend value ``P+D`` means ``--prefill-attention-backend P
-    --decode-attention-backend D``.
+    A backend value ``P+D`` means ``prefill_attention_backend=P,
+    decode_attention_backend=D`` (``attention_backend`` left to SGLang).
     """
     spec = parse_spec(cell.spec)
     tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
     prefill, plus, decode = cell.backend.partition("+")
-    if plus:  # "P+D": separate prefill and decode backends, --attention-backend left to SGLang
-        backend_args = ["--prefill-attention-backend", prefill, "--decode-attention-backend", decode]
+    kwargs: dict[str, Any] = {"model_path": model_path, "device": "cuda"}
+    if plus:  # "P+D": separate prefill and decode backends, attention_backend left to SGLang
+        kwargs.update(prefill_attention_backend=prefill, decode_attention_backend=decode)
     else:
-        backend_args = ["--attention-backend", cell.backend]
-    argv = [
-        "--model-path", model_path,
-        "--device", "cuda",
-        *backend_args,
-        "--tp-size", str(tp),
-        "--dcp-size", str(cell.dcp),
-    ]
+        kwargs["attention_backend"] = cell.backend
+    kwargs.update(tp_size=tp, dcp_size=cell.dcp)
     if spec.enabled:
         algorithm = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn": "NEXTN"}[spec.algorithm or ""]
-        argv += [
-            "--speculative-algorithm", algorithm,
-            "--speculative-eagle-topk", str(spec.topk),
-            "--speculative-num-steps", str(spec.steps),
-            "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
-        ]
+        kwargs.update(
+            speculative_algorithm=algorithm,
+            speculative_eagle_topk=spec.topk,
+            speculative_num_steps=spec.steps,
+            speculative_num_draft_tokens=spec.num_draft_tokens,
+        )
         if not model.mla:  # DeepSeek-style models draft with their own MTP layer
-            argv += ["--speculative-draft-model-path", model_path]
+            kwargs["speculative_draft_model_path"] = model_path
     if cell.kv_dtype is not None:
-        argv += ["--kv-cache-dtype", cell.kv_dtype]
+        kwargs["kv_cache_dtype"] = cell.kv_dtype
     if cell.page_size is not None:
-        argv += ["--page-size", str(cell.page_size)]
-    return argv
+        kwargs["page_size"] = cell.page_size
+    return kwargs
+
+
+def argv_of(kwargs: Mapping[str, Any]) -> list[str]:
+    """``--field-name value`` for each ``ServerArgs`` field (every one used here is its own flag)."""
+    return [part for field, value in kwargs.items() for part in ("--" + field.replace("_", "-"), str(value))]
+
+
+def server_argv(cell: Cell, model: ModelConfig, model_path: str) -> list[str]:
+    """The ``sglang serve`` arguments of a cell."""
+    return argv_of(server_kwargs(cell, model, model_path))
+
+
+#: The argparse options whose ``choices`` decide whether a cell goes through argv.
+_BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 
 
 class _Built:
@@ -202,7 +214,7 @@ class SGLangEngine:
             from sglang.srt.layers.attention import attention_registry
             from sglang.srt.mem_cache import kv_cache_dtype
             from sglang.srt.model_executor.model_runner_components import attention_backend_setup
-            from sglang.srt.server_args import prepare_server_args
+            from sglang.srt.server_args import ServerArgs, prepare_server_args
         self._rc = runtime_context
         self._overrides = overrides
         self._mla_arch = AttentionArch.MLA
@@ -210,6 +222,8 @@ class SGLangEngine:
         self._kv_cache_dtype = kv_cache_dtype
         self._setup = attention_backend_setup
         self._prepare = prepare_server_args
+        self._server_args_cls = ServerArgs
+        self._cli_choices = _cli_choices(ServerArgs)
         self.version = importlib.metadata.version("sglang")
         self._probe_modules = self._factory_modules()
 
@@ -218,10 +232,10 @@ class SGLangEngine:
         path = MODEL_CONFIGS / cell.model
         if not (path / "config.json").is_file():
             raise LookupError(f"sglang adapter: no weightless config.json for model {cell.model!r} under {MODEL_CONFIGS}")
-        argv = server_argv(cell, model, os.fspath(path))
+        kwargs = server_kwargs(cell, model, os.fspath(path))
         facts = platform_facts(cell.arch)
         with self._quiet(), self._rc.override_platform(**facts), self._capability(facts["device_capability"]):
-            server_args = self._prepare(argv)
+            server_args = self._server_args(kwargs)
             server_args.resolve_once()  # SGLang's resolution pipeline: raises its own errors
             self._rc.publish(server_args, role="test")
             runner = self._runner(server_args)
@@ -248,6 +262,19 @@ class SGLangEngine:
         }
 
     # -- pieces ------------------------------------------------------------------------
+    def _server_args(self, kwargs: Mapping[str, Any]) -> Any:
+        """``ServerArgs`` as ``sglang serve`` builds them, or as ``Engine(**kwargs)`` does.
+
+        A backend name outside the CLI's ``choices`` never gets past argparse
+        (``SystemExit``), so such a cell builds the record the way SGLang's
+        programmatic entry point does (``Engine.__init__``:
+        ``ServerArgs(**kwargs)``, ``log_level="error"`` when absent); the
+        engine's own registry lookup then answers for the name.
+        """
+        if all(kwargs.get(f) is None or kwargs[f] in self._cli_choices.get(f, (kwargs[f],)) for f in _BACKEND_OPTIONS):
+            return self._prepare(argv_of(kwargs))  # `sglang serve ...`
+        return self._server_args_cls(**{"log_level": "error", **kwargs})
+
     def _factory_modules(self) -> set[str]:
         """Modules SGLang's factories import backend classes from (read from their source)."""
         modules = {_HYBRID_MODULE}
@@ -339,6 +366,15 @@ class SGLangEngine:
                 yield
             finally:
                 logging.disable(previous)
+
+
+def _cli_choices(server_args_cls: Any) -> dict[str, tuple[str, ...]]:
+    """The ``choices`` of SGLang's own parser for the backend options (read from ``add_cli_args``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    server_args_cls.add_cli_args(parser)
+    return {a.dest: tuple(a.choices) for a in parser._actions if a.dest in _BACKEND_OPTIONS and a.choices}
 
 
 def _asked(cell: Cell, field: str) -> Any:

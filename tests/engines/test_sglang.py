@@ -44,3 +44,25 @@ def test_one_changed_message_fails_exactly_the_affected_cells(tmp_path):
     assert "expected: trtllm_mla cannot serve decode context parallelism" in out, out
     assert "Select flashmla." in out and "raised:   trtllm_mla cannot serve" in out, out
     assert re.search(r"raised:   .*Select cutedsl_mla\.$", out, re.M), out
+
+
+def test_unknown_backend_and_cross_attention_reach_sglangs_own_checks(tmp_path):
+    """`no_such_backend` is outside argparse's choices: built as Engine(**kwargs), refused by the registry lookup.
+
+    The Mllama config is encoder-decoder: the triton factory's cross-attention assert refuses it.
+    """
+    python = venv_python(".venv-sglang")
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-select=model=llama-3.2-11b-vision,deepseek-v3",
+                        "--mla-select=backend=triton,no_such_backend", "--mla-select=dcp=1",
+                        "--mla-select=spec=none", "--mla-select=arch=sm90", "--mla-select=kv_dtype=auto")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(next(tmp_path.glob("sglang-*.json")).read_text())
+    outcomes = {c["id"]: c["outcome"] for c in report["cells"]}
+    assert len(outcomes) == 4
+    for model in ("llama-3.2-11b-vision", "deepseek-v3"):
+        unknown = outcomes[f"{model}/no_such_backend/dcp1/none/sm90/kv-auto"]
+        assert (unknown["error"], unknown["message"]) == ("ValueError", "Invalid attention backend: no_such_backend")
+    cross = outcomes["llama-3.2-11b-vision/triton/dcp1/none/sm90/kv-auto"]
+    assert cross["error"] == "AssertionError"
+    assert cross["message"].startswith("Cross attention is not supported in the triton attention backend.")
+    assert outcomes["deepseek-v3/triton/dcp1/none/sm90/kv-auto"]["kind"] == "accepted"
