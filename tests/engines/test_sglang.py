@@ -6,7 +6,6 @@ import json
 import re
 import shutil
 
-
 from ._venv import ROOT, run_matrix, venv_python
 
 MATRIX = ROOT / "matrix" / "sglang.toml"
