@@ -43,6 +43,7 @@ class ResultCollector:
         self.written: list[Path] = []
         self.interrupted = False
         self.collection_errors: list[str] = []
+        self.documents: dict[Path, dict[str, Any]] = {}  # built once in sessionfinish, reused by the summary
         self.regressions: list[tuple[str, Any]] = []  # (matrix, Change) against --mla-baseline
         self.kernel_cache: str | None = None  # shared by xdist workers, made on first use
         self.user_tests: dict[tuple[str, str], dict[str, str]] = {}  # (matrix, cell id) → {test: outcome}
@@ -116,7 +117,7 @@ class ResultCollector:
                 loaded = self.run.load(file)
             except MatrixError:
                 continue  # already reported as a collection error
-            document = self.document(loaded)
+            document = self.documents[file] = self.document(loaded)
             if not document["cells"] and not self.records:
                 continue
             engine = document["run"]["engine"]
@@ -262,17 +263,16 @@ def _with_ext(stem: Path, ext: str) -> Path:
 
 
 def _matrix_summary(collector: ResultCollector) -> str:
-    try:
-        from .report.terminal import render_terminal
-    except ImportError:
-        return ""
+    from .report.terminal import render_terminal
+
     texts = []
     for file in collector.run.files:
-        try:
-            loaded = collector.run.load(file)
-        except MatrixError:
-            continue
-        doc = collector.document(loaded)
+        doc = collector.documents.get(file)
+        if doc is None:  # no report files written (--mla-report-dir=none)
+            try:
+                doc = collector.document(collector.run.load(file))
+            except MatrixError:
+                continue
         if doc["cells"]:
             texts.append(render_terminal(doc))
     return "\n".join(texts)

@@ -63,6 +63,7 @@ from typing import Any, Iterator, Mapping
 from ..core.cells import Cell, arch_number
 from ..core.models import ModelConfig
 from ..core.spec import parse_spec
+from . import _quiet
 from .protocol import Configured
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
@@ -234,7 +235,7 @@ class SGLangEngine:
             raise LookupError(f"sglang adapter: no weightless config.json for model {cell.model!r} under {MODEL_CONFIGS}")
         kwargs = server_kwargs(cell, model, os.fspath(path))
         facts = platform_facts(cell.arch)
-        with self._quiet(), self._rc.override_platform(**facts), self._capability(facts["device_capability"]):
+        with _quiet.quiet(), self._rc.override_platform(**facts), self._capability(facts["device_capability"]):
             server_args = self._server_args(kwargs)
             server_args.resolve_once()  # SGLang's resolution pipeline: raises its own errors
             self._rc.publish(server_args, role="test")
@@ -356,16 +357,6 @@ class SGLangEngine:
         finally:
             registry.get_device_capability = real
 
-    @contextlib.contextmanager
-    def _quiet(self) -> Iterator[None]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            previous = logging.root.manager.disable
-            logging.disable(logging.WARNING)
-            try:
-                yield
-            finally:
-                logging.disable(previous)
 
 
 def _cli_choices(server_args_cls: Any) -> dict[str, tuple[str, ...]]:

@@ -68,6 +68,7 @@ from typing import Any, Iterator, Mapping
 
 from ..core.cells import Cell, arch_number
 from ..core.models import ModelConfig
+from . import _quiet
 from .protocol import Configured
 
 if importlib.util.find_spec("vllm") is None:  # the registry turns this into "unavailable"
@@ -182,7 +183,7 @@ class VLLMEngine:
         backend = None if cell.backend == AUTO else self._enum[cell.backend]
         self._platform_cls.capability = self._capability(*divmod(sm, 10))
         tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
-        with self._quiet():
+        with _quiet.quiet():
             parallel = self._parallel_config(tp, cell.dcp)
             model_config = self._model_view(model)
             # VllmConfig.__post_init__ runs this before any layer (or backend) exists.
@@ -266,16 +267,6 @@ class VLLMEngine:
                                                                  self._torch.bfloat16)
         return self._model_views[model.name]
 
-    @contextlib.contextmanager
-    def _quiet(self) -> Iterator[None]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            previous = logging.root.manager.disable
-            logging.disable(logging.WARNING)
-            try:
-                yield
-            finally:
-                logging.disable(previous)
 
 
 class _StandInConfig:
