@@ -24,7 +24,7 @@ from .core.rules import Expectation
 from .core.verdicts import (
     ACCEPTED, ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, Outcome, judge,
 )
-from .engines.protocol import Configured, Engine, KernelSpec
+from .engines.protocol import AdapterError, Configured, Engine, KernelSpec
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
 from .options import Settings
 from .report.results import write_json_atomic
@@ -113,6 +113,9 @@ class MatrixRun:
         try:
             configured = engine.configure(cell, model)
             outcome = Outcome(ACCEPTED, backends=dict(configured.backends))
+        except AdapterError as exc:  # the adapter's own failure: never reported as the engine's refusal
+            outcome = Outcome.from_exception(exc, crashed=True)
+            record["traceback"] = "".join(traceback.format_exception(exc, limit=-8))
         except engine.refusal_errors as exc:
             outcome = Outcome.from_exception(exc)
         except Exception as exc:

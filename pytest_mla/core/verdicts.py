@@ -51,6 +51,8 @@ class Outcome:
 def judge(expect: Expectation, outcome: Outcome) -> tuple[str, str | None]:
     """(verdict, reason) for the validation part of a cell; reason says exactly what differed."""
     if outcome.kind == CRASHED:
+        if outcome.error == "AdapterError":
+            return ERROR, f"adapter error: {outcome.message}"
         return ERROR, f"engine crashed: {outcome.error}: {outcome.message}"
     if expect.kind == "accept":
         if outcome.kind == ACCEPTED:
