@@ -151,18 +151,14 @@ class MatrixRun:
         from .kernels import harness  # torch and triton load here, not at plugin import
 
         seed = self.settings.seed if self.settings.seed is not None else matrix.seed
-        case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype)
-        key = (case, spec.target, where, self.settings.dcp_mode)
+        case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype, overrides=dict(spec.case))
+        key = (case, spec, where, self.settings.dcp_mode)
         cached = self._kernel_results.get(key) or self._shared_result(key)
         if cached is not None:
             self._kernel_results[key] = cached
             return {**cached, "reused": True}
-        try:
-            result = harness.run_kernel_check(case, spec.target, dcp_mode=self.settings.dcp_mode, where=where,
-                                              timeout_s=self.settings.dcp_timeout)
-        except Exception as exc:  # a kernel that crashes is an error of the cell, with its message
-            result = {"status": KERNEL_FAILED, "where": where, "crashed": True,
-                      "message": f"kernel crashed: {type(exc).__name__}: {exc}", "case": case.as_dict()}
+        result = run_check(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
+                           timeout_s=self.settings.dcp_timeout)
         result = {**result, "kernel": spec.name, "reused": False}
         self._kernel_results[key] = result
         self._share_result(key, result)
@@ -200,6 +196,25 @@ class MatrixRun:
 
             self._host_kernel_target = _mode.ensure_triton_mode()
         return self._host_kernel_target
+
+
+def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout_s: float) -> dict[str, Any]:
+    """One numeric check, as a kernel record; a crash or an engine's exception becomes a failed record."""
+    from .kernels import harness
+    from .kernels.engine_check import BackendRaised, run_engine_check
+
+    failed = {"status": KERNEL_FAILED, "where": where, "level": spec.level, "case": case.as_dict()}
+    try:
+        if spec.protocol == "engine":
+            return run_engine_check(case, spec, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
+        return harness.run_kernel_check(case, spec.target, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
+    except BackendRaised as exc:  # the engine accepted the configuration, then its own code raised: a finding
+        return {**failed, "finding": True, "function": exc.function,
+                "message": f"engine accepted this configuration, but its backend raised {exc}"}
+    except AdapterError as exc:
+        return {**failed, "crashed": True, "message": f"adapter error: {exc}"}
+    except Exception as exc:  # a kernel that crashes is an error of the cell, with its message
+        return {**failed, "crashed": True, "message": f"kernel crashed: {type(exc).__name__}: {exc}"}
 
 
 def hook_models(config: "pytest.Config") -> dict[str, ModelConfig]:

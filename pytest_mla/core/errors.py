@@ -45,3 +45,19 @@ class MatrixError(Exception):
 def _format_one(file: str, p: Problem) -> str:
     where = f"{file}:{p.line}" if p.line else file
     return f"{where}: {p.path}: {p.message}" if p.path else f"{where}: {p.message}"
+
+
+class AdapterError(Exception):
+    """The adapter itself could not drive the installed engine (never the engine's refusal).
+
+    Raised for an unknown platform fact, a hook or module that moved in this
+    release, an import the adapter needs: the cell's verdict is ``error`` with
+    this message, which names the adapter step and the engine version.
+    """
+
+    def __init__(self, step: str, message: str, *, engine: str | None = None, version: str | None = None) -> None:
+        self.step = step
+        self.engine = engine
+        self.version = version
+        where = f"{engine} {version}" if engine and version else (engine or "engine")
+        super().__init__(f"adapter step {step!r} failed on {where}: {message}")

@@ -50,8 +50,8 @@ TOLERANCES: dict[str, DtypeTolerance] = {
 
 
 def tolerance_for(dtype: str, kv_dtype: str = "auto") -> DtypeTolerance:
-    """The table entry for a case: the fp8 row for an fp8 cache, else the compute dtype's row."""
-    return TOLERANCES["fp8_e4m3" if kv_dtype == "fp8_e4m3" else dtype]
+    """The table entry for a case: the fp8 row for an fp8 cache (e4m3 or e5m2), else the compute dtype's row."""
+    return TOLERANCES["fp8_e4m3" if kv_dtype.startswith("fp8") else dtype]
 
 
 def _pos(flat_index: int, shape: tuple[int, ...]) -> list[int]:

@@ -27,13 +27,14 @@ import tempfile
 import time
 import traceback
 from datetime import timedelta
+from typing import Any, Mapping
 
 import torch
 
 from .dcp import DcpShard, gen_dcp_shards, run_shard
 from .inputs import DecodeInputs
 
-__all__ = ["DcpRankError", "DcpTimeoutError", "run_distributed"]
+__all__ = ["DcpRankError", "DcpTimeoutError", "run_distributed", "run_distributed_engine"]
 
 _POLL_S = 0.05
 _TERM_GRACE_S = 2.0
@@ -117,21 +118,81 @@ def run_distributed(
     device = inputs.q.device
     shards = gen_dcp_shards(inputs.to("cpu"), world, interleave, seed=seed)
     workdir = tempfile.mkdtemp(prefix="mla-dcp-")
-    procs: list[subprocess.Popen] = []
     try:
         for shard in shards:
             torch.save(shard, os.path.join(workdir, f"shard{shard.rank}.pt"))
+        extra = ["--mode", "shard", "--kernel", _kernel_string(kernel)]
+        if merge:
+            extra += ["--merge", merge]
+        if not pass_positions:
+            extra += ["--local-positions"]
+        _spawn_and_wait(world, workdir, extra, timeout_s)
+        result = torch.load(os.path.join(workdir, "result.pt"), weights_only=False)
+        return result["out"].to(device), result["lse"].to(device)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_distributed_engine(runner: str, inputs: DecodeInputs, case: Any, options: Mapping[str, Any], *,
+                           package: str | None = None, timeout_s: float = 300.0) -> list[Any]:
+    """Run an engine runner (``engine_check``) once per rank over real processes; the ranks' ``RankResult``s.
+
+    Every rank gets the whole problem (the engine shards it itself) and a
+    ``TorchCollectives`` over the default group. A rank whose engine code
+    raises reports the exception and the engine function it came from
+    (``BackendRaised``).
+    """
+    from ._mode import ensure_triton_mode
+
+    ensure_triton_mode()
+    world = case.dcp
+    workdir = tempfile.mkdtemp(prefix="mla-dcp-engine-")
+    try:
+        torch.save({"inputs": inputs.to("cpu"), "case": case, "options": dict(options)},
+                   os.path.join(workdir, "problem.pt"))
+        extra = ["--mode", "engine", "--kernel", runner] + (["--package", package] if package else [])
+        try:
+            _spawn_and_wait(world, workdir, extra, timeout_s)
+        except DcpRankError:
+            raised = _rank_raised(workdir, world)
+            if raised is not None:
+                raise raised from None
+            raise
+        results = []
+        for rank in range(world):
+            result = torch.load(os.path.join(workdir, f"rank{rank}.result.pt"), weights_only=False)
+            results.append(result)
+        return results
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _rank_raised(workdir: str, world: int) -> Exception | None:
+    """The ``BackendRaised`` a failed engine rank recorded, if one did."""
+    import json
+
+    from .engine_check import BackendRaised
+
+    for rank in range(world):
+        path = os.path.join(workdir, f"rank{rank}.raised.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+            if info.get("function"):
+                return BackendRaised(info["error"], info["text"], info["function"], rank)
+    return None
+
+
+def _spawn_and_wait(world: int, workdir: str, extra: list[str], timeout_s: float) -> None:
+    """Start ``world`` children (``--rank r`` + ``extra``), wait for all; kill and reap them in every case."""
+    procs: list[subprocess.Popen] = []
+    try:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         port = _free_port()
         for rank in range(world):
             cmd = [sys.executable, "-m", "pytest_mla.kernels.distributed", "--rank", str(rank),
-                   "--world", str(world), "--port", str(port), "--dir", workdir,
-                   "--kernel", _kernel_string(kernel), "--timeout", str(timeout_s)]
-            if merge:
-                cmd += ["--merge", merge]
-            if not pass_positions:
-                cmd += ["--local-positions"]
+                   "--world", str(world), "--port", str(port), "--dir", workdir, "--timeout", str(timeout_s), *extra]
             with open(os.path.join(workdir, f"rank{rank}.log"), "wb") as log:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True))
@@ -147,31 +208,18 @@ def run_distributed(
                     f"--- rank {r} (exit {codes[r]}) ---\n" + _tail(os.path.join(workdir, f"rank{r}.log"))
                     for r in failed))
             if all(c == 0 for c in codes):
-                break
+                return
             if time.monotonic() > deadline:
                 hung = [r for r, c in enumerate(codes) if c is None]
                 in_kernel = [r for r in hung if not _kernel_returned(workdir, r)]
                 raise DcpTimeoutError(f"DCP rank(s) {hung} of {world} did not finish within {timeout_s:g} s "
                                       f"(still in the kernel: {in_kernel}); killed")
             time.sleep(_POLL_S)
-        result = torch.load(os.path.join(workdir, "result.pt"), weights_only=False)
-        return result["out"].to(device), result["lse"].to(device)
     finally:
         _kill_all(procs)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # ---- child side -------------------------------------------------------------------------------
-
-
-def _import_string(text: str):
-    import importlib
-
-    module, _, attr = text.partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _shard_to(shard: DcpShard, device: torch.device) -> DcpShard:
@@ -186,23 +234,22 @@ def _child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dir", required=True)
+    parser.add_argument("--mode", choices=("shard", "engine"), default="shard")
     parser.add_argument("--kernel", required=True)
     parser.add_argument("--merge", default=None)
+    parser.add_argument("--package", default=None)
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("--local-positions", action="store_true")
     args = parser.parse_args(argv)
 
     import torch.distributed as dist
 
+    from ..core.targets import import_target
     from ._mode import ensure_triton_mode
 
     ensure_triton_mode()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world))
-    kernel = _import_string(args.kernel)
-    if args.merge:
-        merge = _import_string(args.merge)
-    else:
-        from .triton_mla import merge_attention_states as merge
+    kernel = import_target(args.kernel)
 
     use_cuda = torch.cuda.is_available()
     nccl = use_cuda and torch.cuda.device_count() >= args.world
@@ -217,25 +264,66 @@ def _child_main(argv: list[str] | None = None) -> int:
         timeout=timedelta(seconds=args.timeout),
     )
     try:
-        shard = _shard_to(torch.load(os.path.join(args.dir, f"shard{args.rank}.pt"), weights_only=False), device)
-        out, lse = run_shard(kernel, shard, pass_positions=not args.local_positions)
-        open(os.path.join(args.dir, f"rank{args.rank}.kernel-done"), "wb").close()
-        # Exchange in fp32 (exact for bf16/fp16); gloo has no kernels for every dtype.
-        comm = device if nccl else torch.device("cpu")
-        out32, lse32 = out.float().contiguous().to(comm), lse.float().contiguous().to(comm)
-        outs = [torch.empty_like(out32) for _ in range(args.world)]
-        lses = [torch.empty_like(lse32) for _ in range(args.world)]
-        dist.all_gather(outs, out32)
-        dist.all_gather(lses, lse32)
-        merged_out, merged_lse = merge([o.to(device, out.dtype) for o in outs], [x.to(device) for x in lses])
-        if args.rank == 0:
-            tmp = os.path.join(args.dir, "result.tmp")
-            torch.save({"out": merged_out.cpu(), "lse": merged_lse.cpu()}, tmp)
-            os.replace(tmp, os.path.join(args.dir, "result.pt"))
+        if args.mode == "engine":
+            _engine_rank(args, kernel, device, nccl)
+        else:
+            _shard_rank(args, kernel, device, nccl)
         dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _shard_rank(args: argparse.Namespace, kernel: Any, device: torch.device, nccl: bool) -> None:
+    """Our protocol: run the kernel on this rank's shard, all-gather, merge by LSE; rank 0 writes."""
+    import torch.distributed as dist
+
+    from ..core.targets import import_target
+
+    if args.merge:
+        merge = import_target(args.merge)
+    else:
+        from .triton_mla import merge_attention_states as merge
+    shard = _shard_to(torch.load(os.path.join(args.dir, f"shard{args.rank}.pt"), weights_only=False), device)
+    out, lse = run_shard(kernel, shard, pass_positions=not args.local_positions)
+    open(os.path.join(args.dir, f"rank{args.rank}.kernel-done"), "wb").close()
+    # Exchange in fp32 (exact for bf16/fp16); gloo has no kernels for every dtype.
+    comm = device if nccl else torch.device("cpu")
+    out32, lse32 = out.float().contiguous().to(comm), lse.float().contiguous().to(comm)
+    outs = [torch.empty_like(out32) for _ in range(args.world)]
+    lses = [torch.empty_like(lse32) for _ in range(args.world)]
+    dist.all_gather(outs, out32)
+    dist.all_gather(lses, lse32)
+    merged_out, merged_lse = merge([o.to(device, out.dtype) for o in outs], [x.to(device) for x in lses])
+    if args.rank == 0:
+        tmp = os.path.join(args.dir, "result.tmp")
+        torch.save({"out": merged_out.cpu(), "lse": merged_lse.cpu()}, tmp)
+        os.replace(tmp, os.path.join(args.dir, "result.pt"))
+
+
+def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nccl: bool) -> None:
+    """An engine runner on the whole problem with real collectives; every rank writes its ``RankResult``."""
+    import json
+
+    from .collectives import TorchCollectives
+    from .engine_check import RankContext, engine_function_of
+
+    problem = torch.load(os.path.join(args.dir, "problem.pt"), weights_only=False)
+    inputs, case = problem["inputs"].to(device), problem["case"]
+    collectives = TorchCollectives(device=device if nccl else torch.device("cpu"))
+    ctx = RankContext(args.rank, args.world, case.dcp_interleave, collectives, device, case)
+    try:
+        result = runner(inputs, ctx, problem["options"])
+    except BaseException as exc:
+        info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package)}
+        with open(os.path.join(args.dir, f"rank{args.rank}.raised.json"), "w", encoding="utf-8") as f:
+            json.dump(info, f)
+        raise
+    open(os.path.join(args.dir, f"rank{args.rank}.kernel-done"), "wb").close()
+    result.out, result.lse = result.out.cpu(), result.lse.cpu() if result.lse is not None else None
+    tmp = os.path.join(args.dir, f"rank{args.rank}.result.tmp")
+    torch.save(result, tmp)
+    os.replace(tmp, os.path.join(args.dir, f"rank{args.rank}.result.pt"))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ arch, so one case (one result, cached per worker) serves every arch.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import time
 import zlib
@@ -24,7 +23,7 @@ __all__ = ["DCP_MODES", "KernelCase", "case_for", "run_kernel_check"]
 DCP_MODES = ("in-process", "distributed")
 DEFAULT_PAGE_SIZE = 16
 _KV_DTYPES = {"auto": "auto", "bf16": "auto", "fp16": "auto", "fp32": "auto", "fp8": "fp8_e4m3",
-              "fp8_e4m3": "fp8_e4m3"}
+              "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +39,7 @@ class KernelCase:
     d_v: int  # value / output width: kv_lora_rank for MLA
     page_size: int  # tokens per cache page
     dtype: str  # "bf16" / "fp16" / "fp32": q, output and (unless fp8) cache
-    kv_dtype: str  # "auto" (= dtype) or "fp8_e4m3"
+    kv_dtype: str  # "auto" (= dtype), "fp8_e4m3" or "fp8_e5m2"
     seqlens: tuple[int, ...]  # global tokens per request, len == batch
     softmax_scale: float  # the model's scale
     spec_topk: int  # > 1: tree mask; 1: causal (chain or plain decode)
@@ -81,8 +80,14 @@ def _int_coord(coords: Mapping[str, object], key: str, default: int) -> int:
     return int(value)
 
 
-def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dtype: str = "bf16") -> KernelCase:
-    """The kernel check of a cell: ``coords`` has model, backend, dcp, spec, arch (+ kv_dtype, page_size, tp)."""
+def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dtype: str = "bf16",
+             overrides: Mapping[str, Any] | None = None) -> KernelCase:
+    """The kernel check of a cell: ``coords`` has model, backend, dcp, spec, arch (+ kv_dtype, page_size, tp).
+
+    ``overrides`` are the case fields an engine decided (``KernelSpec.case``):
+    the query heads of one DCP group (``h_q``), the page size and KV dtype as
+    the engine resolved them. Lengths and the seed follow from the result.
+    """
     spec = parse_spec(str(coords["spec"]))
     tp = _int_coord(coords, "tp", 1)
     dcp = _int_coord(coords, "dcp", 1)
@@ -99,22 +104,35 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
     fields = {
         "mla": model.mla, "batch": 0, "s_q": spec.s_q, "h_q": h_q, "h_kv": h_kv, "d_qk": model.d_qk,
         "d_v": model.d_v, "page_size": page_size, "dtype": dtype, "kv_dtype": kv_dtype,
-        "seqlens": _check_seqlens(spec.s_q, dcp, page_size, interleave), "softmax_scale": model.softmax_scale,
+        "seqlens": (), "softmax_scale": model.softmax_scale,
         "spec_topk": topk, "spec_steps": steps, "dcp": dcp, "dcp_interleave": interleave,
     }
+    for key, value in (overrides or {}).items():
+        if key not in fields or key in ("batch", "seqlens"):
+            raise ValueError(f"case override {key!r} is not a KernelCase field one may set")
+        fields[key] = _KV_DTYPES.get(value, value) if key == "kv_dtype" else value
+    fields["seqlens"] = _check_seqlens(fields["s_q"], fields["dcp"], fields["page_size"], fields["dcp_interleave"])
     fields["batch"] = len(fields["seqlens"])
     return KernelCase(**fields, seed=_stable_seed(seed, {**fields, "seqlens": list(fields["seqlens"])}))
 
 
 def _import_kernel(text: str) -> Callable:
+    from ..core.targets import import_target
     from ._mode import ensure_triton_mode
 
     ensure_triton_mode()  # before a Triton module is imported
-    module, _, attr = text.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return import_target(text)
+
+
+def gen_case_inputs(case: KernelCase) -> Any:
+    """The seeded, NaN-padded inputs of a case (``inputs.DecodeInputs``), on the CPU."""
+    from .inputs import gen_decode_inputs
+
+    return gen_decode_inputs(
+        case.seqlens, s_q=case.s_q, h_q=case.h_q, h_kv=case.h_kv, d_qk=case.d_qk, d_v=case.d_v, mla=case.mla,
+        page_size=case.page_size, dtype=case.dtype, kv_dtype=case.kv_dtype, softmax_scale=case.softmax_scale,
+        spec_topk=case.spec_topk, spec_steps=case.spec_steps, seed=case.seed,
+    )
 
 
 def run_kernel_check(
@@ -141,14 +159,9 @@ def run_kernel_check(
 
     from .compare import check_close, tolerance_for
     from .dcp import gen_dcp_shards, run_shards
-    from .inputs import gen_decode_inputs
     from .reference import ref_mla_decode
 
-    inputs = gen_decode_inputs(
-        case.seqlens, s_q=case.s_q, h_q=case.h_q, h_kv=case.h_kv, d_qk=case.d_qk, d_v=case.d_v, mla=case.mla,
-        page_size=case.page_size, dtype=case.dtype, kv_dtype=case.kv_dtype, softmax_scale=case.softmax_scale,
-        spec_topk=case.spec_topk, spec_steps=case.spec_steps, seed=case.seed,
-    )
+    inputs = gen_case_inputs(case)
     if where != "interpreter" and torch.cuda.is_available():
         inputs = inputs.to("cuda")
 

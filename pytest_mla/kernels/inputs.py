@@ -35,6 +35,8 @@ UNUSED_PAGE = 2**30
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FP8_E4M3_MAX = 448.0
+#: KV-cache dtypes of an fp8 cache: the torch dtype and its largest finite value.
+FP8_DTYPES = {"fp8_e4m3": (torch.float8_e4m3fn, FP8_E4M3_MAX), "fp8_e5m2": (torch.float8_e5m2, 57344.0)}
 
 
 @dataclasses.dataclass
@@ -42,7 +44,7 @@ class DecodeInputs:
     """One decode call's inputs (the kernel's arguments) on an unsharded cache."""
 
     q: torch.Tensor  # [b, s_q, h_q, d_qk] bf16/fp16/fp32
-    kv_cache: torch.Tensor  # [num_pages, page_size, h_kv, d_qk] q.dtype or float8_e4m3fn
+    kv_cache: torch.Tensor  # [num_pages, page_size, h_kv, d_qk] q.dtype, float8_e4m3fn or float8_e5m2
     block_table: torch.Tensor  # [b, max_pages] int32, UNUSED_PAGE past each sequence
     cache_seqlens: torch.Tensor  # [b] int32
     head_dim_v: int  # d_v
@@ -81,16 +83,17 @@ def gen_uniform_values(shape: Sequence[int], generator: torch.Generator) -> torc
     return (torch.randn(*shape, generator=generator) / 10).clamp(-1.0, 1.0)
 
 
-def gen_fp8(x: torch.Tensor, *, scale: float | None = None) -> tuple[torch.Tensor, float]:
-    """Quantise to float8_e4m3fn with a power-of-two scale: ``(x_fp8, kv_scale)``, ``x ≈ x_fp8 * kv_scale``.
+def gen_fp8(x: torch.Tensor, *, scale: float | None = None, kind: str = "fp8_e4m3") -> tuple[torch.Tensor, float]:
+    """Quantise to fp8 (``kind``: e4m3fn or e5m2) with a power-of-two scale: ``(x_fp8, kv_scale)``, ``x ≈ x_fp8 * kv_scale``.
 
-    The scale maps the largest finite ``|x|`` into e4m3's range (448) unless given.
+    The scale maps the largest finite ``|x|`` into the format's range (448 for e4m3) unless given.
     """
+    dtype, fmax = FP8_DTYPES[kind]
     if scale is None:
         finite = x[torch.isfinite(x)]
         amax = float(finite.abs().max()) if finite.numel() else 1.0
-        scale = 2.0 ** math.ceil(math.log2(max(amax, 1e-30) / FP8_E4M3_MAX))
-    return (x / scale).to(torch.float8_e4m3fn), scale
+        scale = 2.0 ** math.ceil(math.log2(max(amax, 1e-30) / fmax))
+    return (x / scale).to(dtype), scale
 
 
 def gen_paged_cache(
@@ -195,8 +198,8 @@ def gen_decode_inputs(
         raise ValueError("an MLA cache has one latent head (h_kv = 1)")
     if h_q % h_kv:
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
-    if kv_dtype not in ("auto", "fp8_e4m3"):
-        raise ValueError(f"unknown kv_dtype {kv_dtype!r}")
+    if kv_dtype != "auto" and kv_dtype not in FP8_DTYPES:
+        raise ValueError(f"unknown kv_dtype {kv_dtype!r} (known: auto, {', '.join(FP8_DTYPES)})")
     torch_dtype = DTYPES[dtype]
     g = gen_generator(seed)
     b = len(seqlens)
@@ -207,10 +210,10 @@ def gen_decode_inputs(
     kv_cache, v_cache, block_table = gen_paged_cache(k_rows, page_size, g, v_rows=v_rows)
 
     kv_scale = None
-    if kv_dtype == "fp8_e4m3":
-        kv_cache, kv_scale = gen_fp8(kv_cache)  # values are in [-1, 1], so K and V share one scale
+    if kv_dtype in FP8_DTYPES:
+        kv_cache, kv_scale = gen_fp8(kv_cache, kind=kv_dtype)  # values are in [-1, 1]: K and V share one scale
         if v_cache is not None:
-            v_cache, _ = gen_fp8(v_cache, scale=kv_scale)
+            v_cache, _ = gen_fp8(v_cache, scale=kv_scale, kind=kv_dtype)
     else:
         kv_cache = kv_cache.to(torch_dtype)
         v_cache = v_cache.to(torch_dtype) if v_cache is not None else None

@@ -22,8 +22,8 @@ v_head_dim = 32
 """
 
 
-def _tiny_matrix(**kw):
-    text = matrix(["triton", "flashmla"], engine="reference", extra=TINY, **kw)
+def _tiny_matrix(engine="reference", **kw):
+    text = matrix(["triton", "flashmla"], engine=engine, extra=TINY, **kw)
     return text.replace('model = ["deepseek-v3"]', 'model = ["tiny-mla"]').replace(
         "dcp = [1]", "dcp = [1, 2]").replace('spec = ["none"]', 'spec = ["none", "eagle-2x2"]')
 
@@ -108,3 +108,58 @@ def test_distributed_dcp_mode_runs_real_ranks_and_agrees(pytester):
     assert distributed["kernel"]["case"] == in_process["kernel"]["case"]
     assert distributed["kernel"]["errors"]["out"]["max_abs_err"] == pytest.approx(
         in_process["kernel"]["errors"]["out"]["max_abs_err"], rel=1e-6, abs=1e-9)
+
+
+ENGINE_CONFTEST = '''
+import os, sys
+sys.path.insert(0, os.path.dirname(__file__))
+from pytest_mla.engines.protocol import Configured, KernelSpec
+
+
+class OwnKernelEngine:
+    """Accepts every cell and hands back its own runner (fake_engine.py); the backend name picks a fault."""
+
+    name = "own"
+    version = "1.0"
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        options = {"good": (), "average": (("merge", "average"),), "crashes": (("raise_in", "decode"),)}
+        spec = KernelSpec("own", "fake_engine:run", protocol="engine", level="backend", package="fake_engine",
+                          function="fake_engine:decode_rank", options=options[cell.backend])
+        return Configured({"decode": cell.backend}, kernel=spec)
+
+    def metadata(self):
+        return {}
+
+
+def pytest_mla_engines(config):
+    return {"own": OwnKernelEngine}
+'''
+
+
+def test_engine_runner_cells_verified_caught_and_found(pytester):
+    """An engine's own path through the plugin: verified; a merge ignoring the LSE fails; a raise is a finding."""
+    from pathlib import Path
+
+    pytester.makepyfile(fake_engine=(Path(__file__).parents[1] / "kernels" / "fake_engine.py").read_text())
+    pytester.makeconftest(ENGINE_CONFTEST)
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90", "sm100"), engine="own")
+                      .replace('["triton", "flashmla"]', '["good", "average", "crashes"]')
+                      .replace('["none", "eagle-2x2"]', '["eagle-1x3"]').replace("dcp = [1, 2]", "dcp = [2]"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    result.assert_outcomes(passed=2, failed=4)
+    cells = {c["id"]: c for c in read_report(pytester)["cells"]}
+    good = cells["tiny-mla/good/dcp2/eagle-1x3/sm90"]
+    assert good["verdict"] == "pass" and good["kernel"]["status"] == "verified"
+    assert good["kernel"]["level"] == "backend" and good["kernel"]["function"] == "fake_engine:decode_rank"
+    assert "fake_engine:merge" in good["kernel"]["functions"]
+    assert cells["tiny-mla/good/dcp2/eagle-1x3/sm100"]["kernel"]["reused"]
+    average = cells["tiny-mla/average/dcp2/eagle-1x3/sm90"]
+    assert average["verdict"] == "fail" and average["kernel"]["status"] == "failed"
+    assert "beyond abs" in average["reason"]
+    crashes = cells["tiny-mla/crashes/dcp2/eagle-1x3/sm90"]
+    assert crashes["verdict"] == "fail" and crashes["kernel"]["status"] == "failed"
+    assert crashes["kernel"]["finding"] is True
+    assert crashes["reason"] == ("engine accepted this configuration, but its backend raised ValueError: "
+                                 "too many values to unpack (expected 2) in fake_engine:decode_rank")

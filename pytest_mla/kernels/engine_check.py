@@ -1,0 +1,193 @@
+"""Checks of an engine's *own* attention path (``KernelSpec.protocol == "engine"``).
+
+For a real engine the only thing of ours in the comparison is the float64
+reference: the engine's backend (or its kernel entry point, called as its
+backend calls it) computes, the engine shards its cache for DCP and the
+engine's merge function combines the ranks. The harness generates the
+inputs, runs one *engine runner* per DCP rank, and compares what the ranks
+hold afterwards with ``ref_mla_decode`` on the unsharded cache.
+
+An engine runner is a module-level callable named by ``KernelSpec.target``::
+
+    def run(inputs: DecodeInputs, ctx: RankContext, options: Mapping[str, Any]) -> RankResult
+
+* ``inputs``: the whole DCP group's problem, unsharded: every request's
+  paged cache (shuffled block table, NaN past each length), ``q`` with all
+  ``case.h_q`` query heads the group computes, the tree mask of a
+  speculative tree. The runner lays them out as the engine does (its pools,
+  its per-rank shard, its metadata) and slices the heads its rank owns.
+* ``ctx``: the rank, the world size, the collectives that connect the ranks
+  (in process or real ``torch.distributed``), the device, the case.
+* ``options``: ``KernelSpec.options`` (what the adapter resolved).
+
+It returns the rank's result *after the engine's merge*: ``out`` ``[b, s_q,
+h, d_v]`` for the heads ``heads = (start, stop)`` it holds (``None``: all of
+them), the ``lse`` ``[b, h, s_q]`` when the engine's path returns one, and the
+engine functions that ran. An exception raised inside the engine's package
+(``KernelSpec.package``) is a finding, ``BackendRaised``, naming the engine
+function where it was raised; an ``AdapterError`` is the adapter's own
+failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..core.errors import AdapterError
+from ..core.kernelspec import KernelSpec
+from .collectives import Collectives, run_ranks_in_process
+from .inputs import DecodeInputs
+
+__all__ = ["BackendRaised", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world: int
+    interleave: int  # tokens per rank block of the case's DCP layout (1: cyclic)
+    collectives: Collectives
+    device: torch.device
+    case: Any  # the KernelCase
+
+
+@dataclasses.dataclass
+class RankResult:
+    out: torch.Tensor  # [b, s_q, h, d_v]: the heads this rank holds after the engine's merge
+    lse: torch.Tensor | None  # [b, h, s_q] natural log; None when the engine's path returns none
+    heads: tuple[int, int] | None = None  # [start, stop) of the case's query heads; None: all
+    functions: tuple[str, ...] = ()  # engine functions that computed / merged, "module:qualname"
+    notes: tuple[str, ...] = ()
+
+
+EngineRunner = Callable[[DecodeInputs, RankContext, Mapping[str, Any]], RankResult]
+
+
+class BackendRaised(Exception):
+    """The engine's own code raised while computing an accepted configuration: a finding."""
+
+    def __init__(self, error: str, text: str, function: str | None, rank: int | None = None) -> None:
+        self.error = error
+        self.text = text
+        self.function = function
+        self.rank = rank
+        where = f" in {function}" if function else ""
+        super().__init__(f"{error}: {text}{where}")
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, package: str | None, rank: int | None = None) -> "BackendRaised":
+        return cls(type(exc).__name__, str(exc), engine_function_of(exc, package), rank)
+
+
+def engine_function_of(exc: BaseException, package: str | None) -> str | None:
+    """``module:qualname`` of the innermost traceback frame inside ``package``; None if none is."""
+    if not package:
+        return None
+    found = None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        module = frame.f_globals.get("__name__", "")
+        if module == package or module.startswith(package + "."):
+            found = f"{module}:{frame.f_code.co_qualname}"
+    return found
+
+
+def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process", where: str = "interpreter",
+                     timeout_s: float = 300.0) -> dict[str, Any]:
+    """Run ``spec``'s engine runner on ``case`` over ``case.dcp`` ranks and compare with the reference.
+
+    Returns the kernel record (plain values). Raises ``BackendRaised`` when
+    the engine's code raised; other exceptions (the adapter's, the harness's)
+    propagate.
+    """
+    from ._mode import ensure_triton_mode
+    from .compare import check_close, tolerance_for
+    from .harness import gen_case_inputs
+    from .reference import ref_mla_decode
+    from ..core.targets import import_target
+
+    ensure_triton_mode()
+    inputs = gen_case_inputs(case)
+    device = torch.device("cuda") if where != "interpreter" and torch.cuda.is_available() else torch.device("cpu")
+    inputs = inputs.to(device)
+    options = spec.option_map
+    start = time.perf_counter()
+    if dcp_mode == "distributed" and case.dcp > 1:
+        from .distributed import run_distributed_engine
+
+        results = run_distributed_engine(spec.target, inputs, case, options, package=spec.package,
+                                         timeout_s=timeout_s)
+    else:
+        runner: EngineRunner = import_target(spec.target)
+
+        def one_rank(collectives: Collectives) -> RankResult:
+            ctx = RankContext(collectives.rank, collectives.world, case.dcp_interleave, collectives, device, case)
+            try:
+                return runner(inputs, ctx, options)
+            except BaseException as exc:
+                if not isinstance(exc, AdapterError) and engine_function_of(exc, spec.package) is not None:
+                    raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
+                raise
+
+        results = run_ranks_in_process(one_rank, case.dcp, timeout_s=timeout_s * max(case.dcp, 1))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+
+    ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
+    out, lse, ref_out_parts, ref_lse_parts = _gather_heads(results, ref_out, ref_lse)
+    tol = tolerance_for(case.dtype, case.kv_dtype)
+    out_check = check_close("out", out, ref_out_parts, tol.out)
+    lse_check = check_close("lse", lse, ref_lse_parts, tol.lse) if lse is not None else None
+    checks = [c for c in (out_check, lse_check) if c is not None]
+    ok = all(c.ok for c in checks)
+    functions = sorted({f for r in results for f in r.functions} | ({spec.function} if spec.function else set()))
+    notes = sorted({n for r in results for n in r.notes})
+    record = {
+        "status": "verified" if ok else "failed",
+        "where": where,
+        "level": spec.level,
+        "function": spec.function or (functions[0] if functions else None),
+        "functions": functions,
+        "seed": case.seed,
+        "case": case.as_dict(),
+        "errors": {"out": out_check.as_dict(), "lse": lse_check.as_dict() if lse_check else None},
+        "tolerance": tol.as_dict(),
+        "time_s": round(elapsed, 4),
+        "message": None if ok else "; ".join(c.message for c in checks if c.message),
+    }
+    if lse is None:
+        notes.append("the engine's path returns no LSE: only the output was compared")
+    if notes:
+        record["notes"] = notes
+    return record
+
+
+def _gather_heads(results: list[RankResult], ref_out: torch.Tensor, ref_lse: torch.Tensor):
+    """Every rank's heads side by side, with the reference's matching heads (along the head dim).
+
+    Ranks that hold all heads are each compared in full; ranks holding slices
+    must tile the heads exactly once.
+    """
+    h_q = ref_out.shape[2]
+    spans = [r.heads or (0, h_q) for r in results]
+    if all(r.heads is not None for r in results):
+        covered = sorted(spans)
+        tiles = [s for s in covered]
+        if tiles[0][0] != 0 or tiles[-1][1] != h_q or any(a[1] != b[0] for a, b in zip(tiles, tiles[1:])):
+            raise ValueError(f"engine runner: the ranks' heads {spans} do not tile the {h_q} query heads")
+    for r, (h0, h1) in zip(results, spans):
+        if tuple(r.out.shape[:2]) != tuple(ref_out.shape[:2]) or r.out.shape[2] != h1 - h0:
+            raise ValueError(f"engine runner: rank output {list(r.out.shape)} does not match heads "
+                             f"[{h0}, {h1}) of the reference {list(ref_out.shape)}")
+    out = torch.cat([r.out.to("cpu") for r in results], dim=2)
+    ref_out_parts = torch.cat([ref_out[:, :, h0:h1] for h0, h1 in spans], dim=2)
+    ref_lse_parts = torch.cat([ref_lse[:, h0:h1] for h0, h1 in spans], dim=1)
+    if any(r.lse is None for r in results):
+        return out, None, ref_out_parts, ref_lse_parts
+    lse = torch.cat([r.lse.to("cpu") for r in results], dim=1)
+    return out, lse, ref_out_parts, ref_lse_parts

@@ -1,0 +1,85 @@
+"""A tiny stand-in engine with its own DCP layout, attention and cross-rank merge.
+
+It plays the part of SGLang or vLLM for the engine-check plumbing tests:
+its layout is not ours (rank ``r`` keeps the tokens ``t % N == r`` as dense
+rows), it computes in float32 with plain torch, and it merges the ranks the
+way SGLang's ``cp_lse_ag_out_rs`` does: all-gather the LSEs, scale its own
+partial, all-reduce, keep its own slice of heads. ``options`` select faults:
+``merge="average"`` ignores the LSEs; ``raise_in="decode"`` raises inside
+this "engine package"; ``positions="local"`` masks by local positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pytest_mla.kernels.engine_check import RankResult
+
+PACKAGE = __name__
+
+
+def _dense(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
+    page = cache.shape[1]
+    pages = table_row[: -(-n // page)].long()
+    return cache[pages].reshape(-1, *cache.shape[2:])[:n]
+
+
+def decode_rank(q, rows, d_v, positions, seqlen, scale, tree_mask, raise_in):
+    """Attention of one request over this rank's rows: ``(out [s_q, h, d_v], lse [h, s_q])``."""
+    if raise_in == "decode":
+        raise ValueError("too many values to unpack (expected 2)")
+    s_q = q.shape[0]
+    k = rows.float()  # [n, 1, d_qk]
+    v = k[..., :d_v]  # MLA: V is the first d_v columns of the latent row
+    scores = torch.einsum("ihd,jd->hij", q.float(), k[:, 0]) * scale  # [h, s_q, n]
+    first = seqlen - s_q
+    q_pos = first + torch.arange(s_q)
+    if tree_mask is not None:
+        draft = positions - first
+        visible = (draft < 0)[None, :] | tree_mask[:, draft.clamp(0, s_q - 1)]
+    else:
+        visible = positions[None, :] <= q_pos[:, None]
+    scores = scores.masked_fill(~visible[None], -math.inf)
+    lse = torch.logsumexp(scores, -1)  # [h, s_q]
+    probs = torch.exp(scores - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])
+    return torch.einsum("hij,jd->ihd", probs, v[:, 0]), lse
+
+
+def merge(out, lse, collectives, how):
+    """SGLang-style: all-gather LSE, rescale, all-reduce the output (``how="average"`` is the fault)."""
+    lses = torch.stack(collectives.all_gather(lse))  # [N, b, h, s_q]
+    if how == "average":
+        total = collectives.all_reduce(torch.nan_to_num(out)) / collectives.world
+        return total, torch.logsumexp(lses, 0)
+    glob = torch.logsumexp(lses, 0)
+    w = torch.exp(lse - torch.where(torch.isneginf(glob), 0.0, glob))  # [b, h, s_q]
+    mine = torch.where(w.permute(0, 2, 1)[..., None] > 0, w.permute(0, 2, 1)[..., None] * out, 0.0)
+    return collectives.all_reduce(mine), glob
+
+
+def run(inputs, ctx, options):
+    b, s_q, h, _ = inputs.q.shape
+    world, rank = ctx.world, ctx.rank
+    out = torch.zeros(b, s_q, h, inputs.head_dim_v)
+    lse = torch.full((b, h, s_q), -math.inf)
+    for i in range(b):
+        n = int(inputs.cache_seqlens[i])
+        mine = torch.arange(n)[torch.arange(n) % world == rank]
+        rows = _dense(inputs.kv_cache, inputs.block_table[i], n)[mine]
+        if inputs.kv_scale is not None:
+            rows = rows.float() * inputs.kv_scale
+        positions = mine if options.get("positions") != "local" else torch.arange(len(mine))
+        seqlen = n if options.get("positions") != "local" else len(mine)
+        mask = inputs.tree_mask[i] if inputs.tree_mask is not None else None
+        out[i], lse[i] = decode_rank(inputs.q[i], rows, inputs.head_dim_v, positions, seqlen, inputs.softmax_scale, mask,
+                                     options.get("raise_in"))
+    if world > 1:
+        out, lse = merge(out, lse, ctx.collectives, options.get("merge", "lse"))
+    per = h // world
+    heads = (rank * per, (rank + 1) * per) if world > 1 else None
+    if heads is not None:
+        out, lse = out[:, :, heads[0]:heads[1]], lse[:, heads[0]:heads[1]]
+    functions = (f"{PACKAGE}:decode_rank",) + ((f"{PACKAGE}:merge",) if world > 1 else ())
+    return RankResult(out.to(inputs.q.dtype), lse, heads, functions)

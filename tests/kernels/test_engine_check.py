@@ -1,0 +1,149 @@
+"""The engine-check plumbing: the engine shards and merges, the harness compares with the reference.
+
+``fake_engine`` plays a real engine with its own layout and merge; its
+faults (a merge that ignores the LSE, local positions under DCP + spec, an
+exception in its code) must be caught, its correct path verified, in
+process (ranks taking turns) and over real gloo ranks.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from pytest_mla.core.kernelspec import KernelSpec
+from pytest_mla.core.models import BUILTIN_MODELS
+from pytest_mla.kernels.collectives import CollectiveError, run_ranks_in_process
+from pytest_mla.kernels.engine_check import BackendRaised, run_engine_check
+from pytest_mla.kernels.harness import case_for
+
+from . import fake_engine
+
+
+def spec(**options):
+    return KernelSpec("fake", "tests.kernels.fake_engine:run", protocol="engine", level="backend",
+                      package=fake_engine.PACKAGE, options=tuple(sorted(options.items())))
+
+
+def case(dcp=1, spec_setting="none", model="deepseek-v2-lite", dtype="fp32", **coords):
+    c = {"model": model, "backend": "x", "dcp": dcp, "spec": spec_setting, "arch": "sm90", **coords}
+    return case_for(c, BUILTIN_MODELS[model], seed=7, dtype=dtype)
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 4])
+@pytest.mark.parametrize("spec_setting", ["none", "eagle-1x3", "eagle-2x2"])
+def test_correct_engine_verifies_in_process(dcp, spec_setting):
+    rec = run_engine_check(case(dcp, spec_setting), spec())
+    assert rec["status"] == "verified", rec["message"]
+    assert rec["level"] == "backend"
+    assert "tests.kernels.fake_engine:decode_rank" in rec["functions"]
+    assert ("tests.kernels.fake_engine:merge" in rec["functions"]) == (dcp > 1)
+    assert rec["errors"]["out"]["max_abs_err"] < 1e-5 and rec["errors"]["lse"]["max_abs_err"] < 1e-5
+
+
+def test_fp8_caches_verify():
+    for kv in ("fp8_e4m3", "fp8_e5m2"):
+        rec = run_engine_check(case(2, kv_dtype=kv, dtype="bf16"), spec())
+        assert rec["status"] == "verified", (kv, rec["message"])
+        assert rec["case"]["kv_dtype"] == kv
+
+
+def test_merge_that_ignores_lse_is_caught():
+    rec = run_engine_check(case(2), spec(merge="average"))
+    assert rec["status"] == "failed"
+    assert "out:" in rec["message"]
+
+
+def test_local_positions_under_dcp_and_spec_are_caught():
+    assert run_engine_check(case(1, "eagle-1x3"), spec(positions="local"))["status"] == "verified"
+    rec = run_engine_check(case(2, "eagle-1x3"), spec(positions="local"))
+    assert rec["status"] == "failed", "masking by local positions must show under DCP + spec"
+
+
+@pytest.mark.parametrize("dcp", [1, 2])
+def test_exception_in_engine_code_is_a_finding_naming_the_function(dcp):
+    with pytest.raises(BackendRaised) as info:
+        run_engine_check(case(dcp), spec(raise_in="decode"))
+    assert info.value.function == "tests.kernels.fake_engine:decode_rank"
+    assert info.value.error == "ValueError" and "too many values" in info.value.text
+
+
+def test_exception_outside_the_engine_package_is_not_a_finding():
+    bad = KernelSpec("fake", "tests.kernels.fake_engine:run", protocol="engine", level="backend",
+                     package="not_this_package", options=(("raise_in", "decode"),))
+    with pytest.raises(ValueError, match="too many values"):
+        run_engine_check(case(1), bad)
+
+
+def test_distributed_mode_gives_the_same_numbers():
+    c = case(2, "eagle-1x3")
+    here = run_engine_check(c, spec())
+    there = run_engine_check(c, spec(), dcp_mode="distributed", timeout_s=120)
+    assert there["status"] == "verified", there["message"]
+    assert there["errors"]["out"]["max_abs_err"] == pytest.approx(here["errors"]["out"]["max_abs_err"], abs=1e-6)
+    with pytest.raises(BackendRaised) as info:
+        run_engine_check(c, spec(raise_in="decode"), dcp_mode="distributed", timeout_s=120)
+    assert info.value.function == "tests.kernels.fake_engine:decode_rank"
+
+
+# ---- the in-process collectives ------------------------------------------------------------
+
+
+def test_ranks_take_turns_and_meet_at_collectives():
+    active, order = [], []
+    lock = threading.Lock()
+
+    def segment(rank):
+        """Between collectives exactly one rank runs, in rank order."""
+        with lock:
+            active.append(rank)
+            order.append(rank)
+        threading.Event().wait(0.01)  # give another thread the chance to run, if it (wrongly) could
+        with lock:
+            assert active == [rank], f"two ranks ran at once: {active}"
+            active.remove(rank)
+
+    def body(c):
+        segment(c.rank)
+        got = [int(x) for x in c.all_gather(torch.tensor([c.rank * 10]))]
+        segment(c.rank)
+        total = c.all_reduce(torch.tensor([float(c.rank + 1)]))
+        segment(c.rank)
+        return got, float(total)
+
+    results = run_ranks_in_process(body, 3)
+    assert results == [([0, 10, 20], 6.0)] * 3
+    assert order == [0, 1, 2] * 3
+
+
+def test_rank_returning_early_is_reported_not_hung():
+    def body(c):
+        if c.rank == 1:
+            return "early"
+        return c.all_gather(torch.zeros(1))
+
+    with pytest.raises(CollectiveError, match="rank 1 returned while other ranks wait"):
+        run_ranks_in_process(body, 2, timeout_s=30)
+
+
+def test_first_own_exception_wins():
+    def body(c):
+        if c.rank == 1:
+            raise KeyError("boom on rank 1")
+        c.barrier()
+
+    with pytest.raises(KeyError, match="boom on rank 1"):
+        run_ranks_in_process(body, 3, timeout_s=30)
+
+
+def test_mismatched_collectives_are_reported():
+    def body(c):
+        if c.rank == 0:
+            c.barrier()
+        else:
+            c.all_gather(torch.zeros(1))
+
+    with pytest.raises(CollectiveError, match="called"):
+        run_ranks_in_process(body, 2, timeout_s=30)
