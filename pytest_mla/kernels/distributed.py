@@ -307,13 +307,15 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
 
     from .collectives import TorchCollectives
     from .engine_check import RankContext, engine_function_of
+    from .interpreter import bf16_dot_fix
 
     problem = torch.load(os.path.join(args.dir, "problem.pt"), weights_only=False)
     inputs, case = problem["inputs"].to(device), problem["case"]
     collectives = TorchCollectives(device=device if nccl else torch.device("cpu"))
     ctx = RankContext(args.rank, args.world, case.dcp_interleave, collectives, device, case)
     try:
-        result = runner(inputs, ctx, problem["options"])
+        with bf16_dot_fix("interpreter" if device.type == "cpu" else str(device)):
+            result = runner(inputs, ctx, problem["options"])
     except BaseException as exc:
         info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package)}
         with open(os.path.join(args.dir, f"rank{args.rank}.raised.json"), "w", encoding="utf-8") as f:

@@ -43,7 +43,10 @@ from ..core.kernelspec import KernelSpec
 from .collectives import Collectives, run_ranks_in_process
 from .inputs import DecodeInputs
 
-__all__ = ["BackendRaised", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
+#: Recorded on interpreted bf16 checks (see ``interpreter.bf16_dot_fix`` and docs/troubleshooting.md).
+BF16_NOTE = "bf16 tl.dot operands widened to fp32 inside Triton's interpreter (bf16_dot_fix)"
+
+__all__ = ["BF16_NOTE", "BackendRaised", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +110,7 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     from ._mode import ensure_triton_mode
     from .compare import check_close, tolerance_for
     from .harness import gen_case_inputs
+    from .interpreter import bf16_dot_fix
     from .reference import ref_mla_decode
     from ..core.targets import import_target
 
@@ -133,7 +137,8 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
                     raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
                 raise
 
-        results = run_ranks_in_process(one_rank, case.dcp, timeout_s=timeout_s * max(case.dcp, 1))
+        with bf16_dot_fix(where):
+            results = run_ranks_in_process(one_rank, case.dcp, timeout_s=timeout_s * max(case.dcp, 1))
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
@@ -162,6 +167,8 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     }
     if lse is None:
         notes.append("the engine's path returns no LSE: only the output was compared")
+    if where == "interpreter" and case.dtype == "bf16":
+        notes.append(BF16_NOTE)
     if notes:
         record["notes"] = notes
     return record
