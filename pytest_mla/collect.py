@@ -1,15 +1,29 @@
-"""Collection: a matrix file is a pytest file, each cell a test item."""
+"""Collection: matrix files found and collected, each cell a test item; selection; the worker-side record.
+
+``find_matrix_files`` turns ``--mla-matrix`` (or the ``mla_matrix_files``
+ini globs) into files; ``MatrixFile`` collects one file's cells as
+``CellItem``s; ``select_items`` applies ``--mla-select``, ``--mla-arch``
+and ``--mla-shard`` (a pure function of the items and the settings);
+``finish_record`` turns a cell's test report into its finished
+``CellRecord``, in the process that ran the cell.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import glob
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import pytest
 
 from .core.cells import Cell
 from .core.errors import MatrixError
+from .core.records import CellRecord, crash_record
 from .core.rules import Expectation
-from .core.verdicts import ERROR, FAIL
+from .core.verdicts import ERROR, FAIL, SKIP, XFAIL, XPASS
+from .options import DEFAULT_MATRIX_GLOB, MATRIX_OPTION, Settings
+from .runner import run_key
 
 #: Attribute of the test report that carries the cell record (plain values) to the controller.
 RECORD_ATTR = "mla_cell"
@@ -30,8 +44,6 @@ def kernel_group(cell: Cell) -> str:
 
 class MatrixFile(pytest.File):
     def collect(self) -> Iterator["CellItem"]:
-        from .plugin import run_key  # one run object per process
-
         run = self.config.stash[run_key]
         loaded = run.load(self.path)
         version = loaded.engine.version if loaded.engine is not None else None
@@ -58,12 +70,10 @@ class CellItem(pytest.Item):
         super().__init__(**kwargs)
         self.cell = cell
         self.expectation = expectation
-        self.record: dict[str, Any] | None = None
+        self.record: CellRecord | None = None
         self.add_marker(pytest.mark.mla(**cell.coords))
 
     def runtest(self) -> None:
-        from .plugin import run_key
-
         run = self.config.stash[run_key]
         loaded = run.load(self.path)
         record = run.run_cell(loaded, self.cell, self.expectation)
@@ -92,3 +102,105 @@ class CellItem(pytest.Item):
     def reportinfo(self) -> tuple[Any, int | None, str]:
         line = self.expectation.rule_line
         return self.path, (line - 1 if line else None), f"mla cell {self.cell.id}"
+
+
+# ---- finding and selecting -------------------------------------------------------------------
+
+def find_matrix_files(config: pytest.Config, settings: Settings) -> list[Path]:
+    """The matrix files of this session, resolved, in order, each once (``pytest.UsageError`` if none)."""
+    invocation = config.invocation_params.dir
+    files: list[Path] = []
+    if settings.matrix_paths:
+        for text in settings.matrix_paths:
+            path = (invocation / text).resolve()
+            if path.is_dir():
+                found = sorted(path.glob("*.toml"))
+                if not found:
+                    raise pytest.UsageError(f"{MATRIX_OPTION}: no *.toml matrix files in {text}")
+                files += found
+            elif path.is_file():
+                files.append(path)
+            else:
+                raise pytest.UsageError(f"{MATRIX_OPTION}: matrix file not found: {text}")
+    else:
+        patterns = config.getini("mla_matrix_files")
+        for pattern in patterns:
+            files += sorted(Path(p).resolve() for p in glob.glob(os.path.join(config.rootpath, pattern)))
+        if not files:
+            raise pytest.UsageError(
+                f"{MATRIX_OPTION}: no matrix files match {', '.join(patterns)} under {config.rootpath} "
+                "(give paths: --mla-matrix=matrix/x.toml, or set mla_matrix_files)"
+            )
+    unique: list[Path] = []
+    for f in files:
+        if f not in unique:
+            unique.append(f)
+    return unique
+
+
+def add_collection_args(config: pytest.Config, files: list[Path]) -> None:
+    """Collect the matrix files: alone when no paths were given, else besides them."""
+    explicit = config.args_source == pytest.Config.ArgsSource.ARGS
+    if not explicit:
+        config.args[:] = [os.fspath(f) for f in files]
+        return
+    given = [(config.invocation_params.dir / a.split("::")[0]).resolve() for a in config.args]
+    for f in files:
+        if not any(f == g or g in f.parents for g in given):
+            config.args.append(os.fspath(f))
+
+
+def select_items(items: Sequence[pytest.Item], settings: Settings) -> tuple[list[pytest.Item], list[pytest.Item]]:
+    """``(keep, dropped)``: the cells ``--mla-select``, ``--mla-arch`` and ``--mla-shard`` leave; other items stay."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    groups: dict[tuple[Any, ...], int] = {}
+    for item in items:
+        if not isinstance(item, CellItem):
+            keep.append(item)
+            continue
+        cell = item.cell
+        ok = all(getattr(cell, axis) in values for axis, values in settings.select)
+        if ok and settings.arch != "auto":
+            ok = cell.arch == settings.arch
+        if ok and settings.shard is not None:
+            # Cells that differ only by arch share one kernel check: keep them on one shard.
+            group = (item.path, kernel_group(cell))
+            index = groups.setdefault(group, len(groups))
+            ok = index % settings.shard[1] == settings.shard[0] - 1
+        (keep if ok else dropped).append(item)
+    return keep, dropped
+
+
+def order_for_workers(items: list[pytest.Item]) -> None:
+    """Arch outermost (stable): xdist workers take cells in chunks, and the other archs' cells
+    then come after their kernel result is shared (the same order on every worker)."""
+    order: list[str] = []
+    for item in items:
+        if isinstance(item, CellItem) and item.cell.arch not in order:
+            order.append(item.cell.arch)
+    rank = {arch: i for i, arch in enumerate(order)}
+    items.sort(key=lambda it: rank.get(it.cell.arch, -1) if isinstance(it, CellItem) else -1)
+
+
+# ---- the finished record ---------------------------------------------------------------------
+
+
+def finish_record(item: CellItem, report: pytest.TestReport, call: pytest.CallInfo[None]) -> CellRecord:
+    """The cell's record as it leaves this process: the runner's, or one made here when the
+    harness raised or setup failed or skipped; xfail/xpass applied."""
+    record = item.record
+    if record is None:
+        loaded = item.config.stash[run_key].load(item.path)
+        if report.skipped and not hasattr(report, "wasxfail"):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            record = crash_record(loaded.matrix.name, item.cell, item.expectation, reason)
+            record["verdict"] = SKIP
+        else:
+            message = call.excinfo.exconly() if call.excinfo else "no result"
+            record = crash_record(loaded.matrix.name, item.cell, item.expectation, f"harness error: {message}")
+    record = CellRecord(record)
+    if hasattr(report, "wasxfail"):
+        record["verdict"] = XFAIL if report.skipped else XPASS
+        record["xfail_reason"] = report.wasxfail
+    return record

@@ -1,4 +1,8 @@
-"""Option values: ``parse_*`` turn text into values and raise ``pytest.UsageError`` naming the option."""
+"""The ``--mla-*`` options: their declaration, and ``parse_*`` functions that turn text into values.
+
+Every ``parse_*`` raises ``pytest.UsageError`` naming the option. ``read_settings``
+reads them all once into a frozen ``Settings``.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from typing import Any
 import pytest
 
 from .core.cells import AXES, INT_AXES, is_arch
+from .core.kernelspec import DCP_MODES
 
 KERNEL_MODES = ("auto", "off")
-DCP_MODES = ("in-process", "distributed")
+MATRIX_OPTION = "--mla-matrix"
+DEFAULT_MATRIX_GLOB = "matrix/*.toml"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +36,76 @@ class Settings:
     baseline: str | None = None
     dcp_timeout: float = 120.0
     report_name: str = "{matrix}"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Every ``--mla-*`` option in one group, with its ``mla_*`` ini twin."""
+    group = parser.getgroup("mla", "pytest-mla: MLA attention-backend compatibility matrix")
+    group.addoption(
+        MATRIX_OPTION, nargs="?", const="", default=None, metavar="PATHS",
+        help="run compatibility matrices: the comma-separated TOML files given, or those of the "
+             f"mla_matrix_files ini setting (default {DEFAULT_MATRIX_GLOB}). Off by default.",
+    )
+    group.addoption("--mla-select", action="append", default=[], metavar="AXIS=V1,V2",
+                    help="run only cells whose AXIS is one of the values (repeatable; combine with -k).")
+    group.addoption("--mla-shard", default=None, metavar="I/N",
+                    help="run the I-th of N deterministic shards of the cells (for parallel CI jobs).")
+    group.addoption("--mla-arch", default=None, metavar="ARCH",
+                    help="'auto' (default): validate every arch, run kernels for the host's arch; "
+                         "or one arch such as sm90 to run only its cells.")
+    group.addoption("--mla-kernel", default=None, choices=KERNEL_MODES,
+                    help="'auto' (default): check the decode kernel of accepted cells; 'off': validation only.")
+    group.addoption("--mla-dcp-mode", default=None, choices=DCP_MODES,
+                    help="how DCP ranks run in kernel checks: 'in-process' (default) or 'distributed' "
+                         "(one torch.distributed process per rank).")
+    group.addoption("--mla-dcp-timeout", default=None, metavar="SECONDS",
+                    help="bound on a distributed DCP kernel check before its ranks are killed (default 120).")
+    group.addoption("--mla-seed", default=None, metavar="N",
+                    help="seed of the kernel checks' random inputs (default: the matrix's [kernel] seed, 0).")
+    group.addoption("--mla-report-dir", default=None, metavar="DIR",
+                    help="where result files go (default 'reports' under the rootdir); 'none' writes nothing.")
+    group.addoption("--mla-report-name", default=None, metavar="TEMPLATE",
+                    help="file stem of the result files, with {matrix}, {engine}, {version} "
+                         "(default '{matrix}': reports/<matrix>.json).")
+    group.addoption("--mla-report-format", default=None, metavar="FORMATS",
+                    help="comma-separated formats besides JSON: md, html (default json,md,html).")
+    group.addoption("--mla-baseline", default=None, metavar="OLD.json",
+                    help="compare with an earlier result file and fail the session on regressions.")
+    parser.addini("mla_matrix_files", type="linelist", default=[DEFAULT_MATRIX_GLOB],
+                  help="glob patterns (relative to the rootdir) of matrix files run by --mla-matrix")
+    parser.addini("mla_report_dir", default="reports", help="default of --mla-report-dir")
+    parser.addini("mla_report_name", default="{matrix}", help="default of --mla-report-name")
+    parser.addini("mla_report_format", default="json,md,html", help="default of --mla-report-format")
+    parser.addini("mla_kernel", default="auto", help="default of --mla-kernel")
+    parser.addini("mla_dcp_mode", default="in-process", help="default of --mla-dcp-mode")
+    parser.addini("mla_arch", default="auto", help="default of --mla-arch")
+
+
+def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
+    value = config.getoption(name)
+    if value is None and ini is not None:
+        value = config.getini(ini)
+    return value
+
+
+def read_settings(config: pytest.Config) -> Settings:
+    text = config.getoption(MATRIX_OPTION) or ""
+    report_dir = _opt(config, "--mla-report-dir", "mla_report_dir")
+    timeout = config.getoption("--mla-dcp-timeout")
+    return Settings(
+        matrix_paths=tuple(p.strip() for p in text.split(",") if p.strip()),
+        select=parse_select(config.getoption("--mla-select")),
+        report_dir=None if report_dir in ("", "none") else report_dir,
+        formats=parse_formats(_opt(config, "--mla-report-format", "mla_report_format")),
+        kernel=parse_choice(_opt(config, "--mla-kernel", "mla_kernel"), KERNEL_MODES, "--mla-kernel"),
+        dcp_mode=parse_choice(_opt(config, "--mla-dcp-mode", "mla_dcp_mode"), DCP_MODES, "--mla-dcp-mode"),
+        seed=parse_seed(config.getoption("--mla-seed")),
+        shard=parse_shard(config.getoption("--mla-shard")),
+        arch=parse_arch(_opt(config, "--mla-arch", "mla_arch")),
+        baseline=config.getoption("--mla-baseline"),
+        dcp_timeout=parse_timeout(timeout, "--mla-dcp-timeout") if timeout else 120.0,
+        report_name=parse_report_name(_opt(config, "--mla-report-name", "mla_report_name")),
+    )
 
 
 def parse_select(values: list[str], option: str = "--mla-select") -> tuple[tuple[str, tuple[Any, ...]], ...]:

@@ -1,8 +1,8 @@
 """Per-process state of a matrix run: matrices, engines, kernel results, the cell runner.
 
 One ``MatrixRun`` lives in ``config.stash[run_key]`` in every process (the
-controller and each xdist worker). ``run_cell`` turns one cell into a record
-of plain values; nothing here writes files.
+controller and each xdist worker). ``run_cell`` turns one cell into a
+``CellRecord`` of plain values; nothing here writes report files.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pytest
 
 from .core.cells import Cell
 from .core.errors import MatrixError, Problem
 from .core.matrix import Matrix, load_matrix
 from .core.models import ModelConfig, ModelConfigError
+from .core.records import CellRecord, KernelResult, new_record, not_run
 from .core.rules import Expectation
-from .core.verdicts import (
-    ACCEPTED, ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, Outcome, judge,
-)
+from .core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
 from .engines.protocol import AdapterError, Configured, Engine, KernelSpec
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
 from .options import Settings
@@ -31,9 +32,6 @@ from .report.results import write_json_atomic
 
 #: Key of ``workerinput`` naming the folder where workers share kernel results.
 KERNEL_CACHE_INPUT = "mla_kernel_cache"
-
-if TYPE_CHECKING:
-    import pytest
 
 
 @dataclasses.dataclass
@@ -44,13 +42,13 @@ class LoadedMatrix:
 
 
 class MatrixRun:
-    def __init__(self, config: "pytest.Config", settings: Settings, files: list[Path]) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings, files: list[Path]) -> None:
         self.config = config
         self.settings = settings
         self.files = files
         self._loaded: dict[Path, LoadedMatrix] = {}
         self._engines: dict[str, Engine | Exception] = {}
-        self._kernel_results: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._kernel_results: dict[tuple[Any, ...], KernelResult] = {}
         self._host_kernel_target: str | None = None  # "interpreter" or an arch, once known
         self._extra_models: dict[str, ModelConfig] | None = None
         self.baseline: dict[str, Any] | None = None  # the --mla-baseline document (controller only)
@@ -101,12 +99,12 @@ class MatrixRun:
         return engine, None
 
     # -- running one cell ----------------------------------------------------------------
-    def run_cell(self, loaded: LoadedMatrix, cell: Cell, expect: Expectation) -> dict[str, Any]:
+    def run_cell(self, loaded: LoadedMatrix, cell: Cell, expect: Expectation) -> CellRecord:
         start = time.perf_counter()
-        record = base_record(loaded.matrix, cell, expect)
+        record = new_record(loaded.matrix.name, cell, expect)
         if loaded.skip_reason or loaded.engine is None:
             record.update(verdict=SKIP, reason=loaded.skip_reason)
-            return finish(record, start)
+            return _timed(record, start)
         engine = loaded.engine
         model = loaded.matrix.model(cell)
         configured: Configured | None = None
@@ -132,11 +130,11 @@ class MatrixRun:
                 verdict = ERROR if kernel.get("crashed") else FAIL
                 reason = kernel.get("message") or "kernel out of tolerance"
         record.update(verdict=verdict, reason=reason)
-        return finish(record, start)
+        return _timed(record, start)
 
     # -- kernels -------------------------------------------------------------------------
     def kernel_check(self, matrix: Matrix, cell: Cell, model: ModelConfig, configured: Configured,
-                     *, run: bool) -> dict[str, Any]:
+                     *, run: bool) -> KernelResult:
         spec: KernelSpec | None = self.config.hook.pytest_mla_kernel(
             config=self.config, cell=cell, spec=configured.kernel) or configured.kernel
         if not run:
@@ -173,7 +171,7 @@ class MatrixRun:
             return None
         return Path(folder) / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".json")
 
-    def _shared_result(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+    def _shared_result(self, key: tuple[Any, ...]) -> KernelResult | None:
         path = self._shared_path(key)
         if path is None or not path.exists():
             return None
@@ -182,7 +180,7 @@ class MatrixRun:
         except (OSError, ValueError):
             return None  # a half-written or vanished file: compute it again
 
-    def _share_result(self, key: tuple[Any, ...], result: dict[str, Any]) -> None:
+    def _share_result(self, key: tuple[Any, ...], result: KernelResult) -> None:
         path = self._shared_path(key)
         if path is not None:
             try:
@@ -198,7 +196,7 @@ class MatrixRun:
         return self._host_kernel_target
 
 
-def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout_s: float) -> dict[str, Any]:
+def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout_s: float) -> KernelResult:
     """One numeric check, as a kernel record; a crash or an engine's exception becomes a failed record."""
     from .kernels import harness
     from .kernels.engine_check import BackendRaised, run_engine_check
@@ -217,7 +215,7 @@ def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout
         return {**failed, "crashed": True, "message": f"kernel crashed: {type(exc).__name__}: {exc}"}
 
 
-def hook_models(config: "pytest.Config") -> dict[str, ModelConfig]:
+def hook_models(config: pytest.Config) -> dict[str, ModelConfig]:
     """Catalogue entries registered through ``pytest_mla_models``."""
     models: dict[str, ModelConfig] = {}
     for result in config.hook.pytest_mla_models(config=config):
@@ -232,31 +230,10 @@ def hook_models(config: "pytest.Config") -> dict[str, ModelConfig]:
     return models
 
 
-def base_record(matrix: Matrix, cell: Cell, expect: Expectation) -> dict[str, Any]:
-    return {
-        "id": cell.id,
-        "matrix": matrix.name,
-        "coords": cell.coords,
-        "expectation": expect.as_dict(),
-        "outcome": None,
-        "verdict": None,
-        "reason": None,
-        "kernel": None,
-    }
-
-
-def finish(record: dict[str, Any], start: float) -> dict[str, Any]:
+def _timed(record: CellRecord, start: float) -> CellRecord:
     record["duration_s"] = round(time.perf_counter() - start, 6)
     return record
 
 
-def not_run(reason: str) -> dict[str, Any]:
-    return {"status": NOT_RUN, "where": None, "reason": reason}
-
-
-def crash_record(matrix: Matrix, cell: Cell, expect: Expectation, message: str) -> dict[str, Any]:
-    """The record of a cell whose process died or whose harness raised."""
-    record = base_record(matrix, cell, expect)
-    record.update(verdict=ERROR, reason=message, duration_s=None)
-    return record
-
+#: The run object of this process (controller or worker), beside the class it holds.
+run_key = pytest.StashKey[MatrixRun]()

@@ -92,18 +92,16 @@ def generate(metafunc: pytest.Metafunc) -> None:
 
 
 def _load(config: pytest.Config, path: Path) -> Matrix:
-    from .plugin import run_key
+    from .runner import hook_models, run_key
 
     run = config.stash.get(run_key, None)
     if run is not None:
         return run.load(path).matrix
-    from .runner import hook_models
-
     return load_matrix(path, extra_models=hook_models(config), display_path=os.path.relpath(path, config.rootpath))
 
 
 def _engine_version(config: pytest.Config, path: Path) -> str | None:
-    from .plugin import run_key
+    from .runner import run_key
 
     run = config.stash.get(run_key, None)
     if run is None:

@@ -20,6 +20,8 @@ import dataclasses
 from typing import Any
 
 PROTOCOLS = ("mla_decode", "engine")
+#: How DCP ranks run in a check: all in this process, or one ``torch.distributed`` process each.
+DCP_MODES = ("in-process", "distributed")
 LEVELS = ("ours", "backend", "kernel")
 
 

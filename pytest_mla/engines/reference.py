@@ -21,7 +21,7 @@ from .. import __version__
 from ..core.cells import Cell, arch_number
 from ..core.models import ModelConfig
 from ..core.spec import SpecSetting, parse_spec
-from ..host import probe_host
+from ..core.host import probe_host
 from ..kernels.library_hook import library_kernel_for
 from .protocol import Configured, KernelSpec
 

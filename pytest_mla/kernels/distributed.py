@@ -171,7 +171,7 @@ def _rank_raised(workdir: str, world: int) -> Exception | None:
     """The ``BackendRaised`` a failed engine rank recorded, if one did."""
     import json
 
-    from .engine_check import BackendRaised
+    from .engine_runner import BackendRaised
 
     for rank in range(world):
         path = os.path.join(workdir, f"rank{rank}.raised.json")
@@ -306,7 +306,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
     import json
 
     from .collectives import TorchCollectives
-    from .engine_check import RankContext, engine_function_of
+    from .engine_runner import RankContext, engine_function_of
     from .interpreter import bf16_dot_fix
 
     problem = torch.load(os.path.join(args.dir, "problem.pt"), weights_only=False)

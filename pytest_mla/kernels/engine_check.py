@@ -31,72 +31,20 @@ failure.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-import traceback
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
 from ..core.errors import AdapterError
 from ..core.kernelspec import KernelSpec
 from .collectives import Collectives, run_ranks_in_process
-from .inputs import DecodeInputs
+from .engine_runner import BackendRaised, EngineRunner, RankContext, RankResult, engine_function_of
 
 #: Recorded on interpreted bf16 checks (see ``interpreter.bf16_dot_fix`` and docs/troubleshooting.md).
 BF16_NOTE = "bf16 tl.dot operands widened to fp32 inside Triton's interpreter (bf16_dot_fix)"
 
 __all__ = ["BF16_NOTE", "BackendRaised", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
-
-
-@dataclasses.dataclass(frozen=True)
-class RankContext:
-    rank: int
-    world: int
-    interleave: int  # tokens per rank block of the case's DCP layout (1: cyclic)
-    collectives: Collectives
-    device: torch.device
-    case: Any  # the KernelCase
-
-
-@dataclasses.dataclass
-class RankResult:
-    out: torch.Tensor  # [b, s_q, h, d_v]: the heads this rank holds after the engine's merge
-    lse: torch.Tensor | None  # [b, h, s_q] natural log; None when the engine's path returns none
-    heads: tuple[int, int] | None = None  # [start, stop) of the case's query heads; None: all
-    functions: tuple[str, ...] = ()  # engine functions that computed / merged, "module:qualname"
-    notes: tuple[str, ...] = ()
-
-
-EngineRunner = Callable[[DecodeInputs, RankContext, Mapping[str, Any]], RankResult]
-
-
-class BackendRaised(Exception):
-    """The engine's own code raised while computing an accepted configuration: a finding."""
-
-    def __init__(self, error: str, text: str, function: str | None, rank: int | None = None) -> None:
-        self.error = error
-        self.text = text
-        self.function = function
-        self.rank = rank
-        where = f" in {function}" if function else ""
-        super().__init__(f"{error}: {text}{where}")
-
-    @classmethod
-    def from_exception(cls, exc: BaseException, package: str | None, rank: int | None = None) -> "BackendRaised":
-        return cls(type(exc).__name__, str(exc), engine_function_of(exc, package), rank)
-
-
-def engine_function_of(exc: BaseException, package: str | None) -> str | None:
-    """``module:qualname`` of the innermost traceback frame inside ``package``; None if none is."""
-    if not package:
-        return None
-    found = None
-    for frame, _ in traceback.walk_tb(exc.__traceback__):
-        module = frame.f_globals.get("__name__", "")
-        if module == package or module.startswith(package + "."):
-            found = f"{module}:{frame.f_code.co_qualname}"
-    return found
 
 
 def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process", where: str = "interpreter",

@@ -15,12 +15,12 @@ import time
 import zlib
 from typing import Any, Callable, Mapping
 
+from ..core.kernelspec import DCP_MODES
 from ..core.models import ModelConfig
 from ..core.spec import parse_spec
 
 __all__ = ["DCP_MODES", "KernelCase", "case_for", "run_kernel_check"]
 
-DCP_MODES = ("in-process", "distributed")
 DEFAULT_PAGE_SIZE = 16
 _KV_DTYPES = {"auto": "auto", "bf16": "auto", "fp16": "auto", "fp32": "auto", "fp8": "fp8_e4m3",
               "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}

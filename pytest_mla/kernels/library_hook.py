@@ -62,7 +62,7 @@ def library_kernel_for(backend: str, host_arch: str, *, model: Any = None, spec:
 
     ``(None, None)`` for a backend without a library wrapper. ``host_arch`` is
     where the kernel would run: ``"sm90"``, ``"sm100"``, ``"cpu"``, ``"interpreter"``
-    (``pytest_mla.host.probe_host()["arch"]`` gives it without importing torch).
+    (``pytest_mla.core.host.probe_host()["arch"]`` gives it without importing torch).
     """
     if backend not in LIBRARY_KERNELS:
         return None, None

@@ -54,3 +54,10 @@ def probe_host() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError, ValueError):
             pass
     return info
+
+
+def worker_gpu(workerid: str, gpus: int) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` of xdist worker ``gwN`` on a host with ``gpus`` GPUs (None: leave it)."""
+    if gpus > 1 and workerid.startswith("gw") and workerid[2:].isdigit():
+        return str(int(workerid[2:]) % gpus)
+    return None

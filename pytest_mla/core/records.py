@@ -1,0 +1,82 @@
+"""The cell record: what one cell did, as plain JSON values (the report's ``cells[]`` entries).
+
+A record is built on the process that ran the cell (``new_record``, filled
+by the runner), finished there once (``collect.finish_record``: a harness
+crash or skip, xfail/xpass, the ``pytest_mla_cell_record`` hook), travels
+to the controller as plain values on the test report (the xdist transport),
+and gets its ``nodeid`` and ``user_tests`` when the result document is
+built (``report/run_document.py``). Both types are ``TypedDict``s: the
+record *is* its JSON form, so the hook, xdist and the report files all see
+the same thing, and every reader goes through these names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from .cells import Cell
+from .rules import Expectation
+from .verdicts import ERROR, NOT_RUN
+
+
+class KernelResult(TypedDict, total=False):
+    """The numeric check of an accepted cell (``docs/report-schema.md``, ``kernel``)."""
+
+    status: str  # verified / failed / not-run
+    where: str | None  # "interpreter", "sm90", ...; None when it did not run
+    reason: str  # why not run
+    kernel: str  # the KernelSpec's name
+    level: str  # "ours", "backend" (the engine's backend object), "kernel" (its entry point)
+    function: str | None  # the engine function that computed attention, "module:qualname"
+    functions: list[str]  # every engine function that ran (kernels, merge)
+    seed: int
+    case: dict[str, Any]  # the KernelCase
+    errors: dict[str, Any]  # {"out": CloseResult, "lse": CloseResult | None}
+    tolerance: dict[str, Any]
+    time_s: float
+    message: str | None  # why it failed
+    reused: bool  # the result of an identical numeric case (another arch, another worker)
+    crashed: bool  # the kernel or harness raised (verdict error)
+    finding: bool  # the engine's own code raised after accepting (verdict fail)
+    notes: list[str]
+
+
+class CellRecord(TypedDict, total=False):
+    """One cell of a result file (``docs/report-schema.md``, ``cells[]``)."""
+
+    id: str
+    matrix: str
+    coords: dict[str, Any]
+    expectation: dict[str, Any]
+    outcome: dict[str, Any] | None  # Outcome.as_dict(): what the engine did
+    verdict: str | None
+    reason: str | None
+    kernel: KernelResult | None
+    duration_s: float | None
+    notes: list[str]  # rewrites the engine made, hook notes
+    traceback: str  # of an engine crash
+    xfail_reason: str
+    extra: dict[str, Any]  # added by pytest_mla_cell_record implementations
+    nodeid: str  # set on the controller
+    user_tests: dict[str, str]  # test name -> outcome of mla_matrix user tests, set on the controller
+
+
+def new_record(matrix_name: str, cell: Cell, expect: Expectation) -> CellRecord:
+    return CellRecord(id=cell.id, matrix=matrix_name, coords=cell.coords, expectation=expect.as_dict(),
+                      outcome=None, verdict=None, reason=None, kernel=None)
+
+
+def crash_record(matrix_name: str, cell: Cell, expect: Expectation, message: str) -> CellRecord:
+    """The record of a cell whose process died or whose harness raised (verdict ``error``)."""
+    record = new_record(matrix_name, cell, expect)
+    record.update(verdict=ERROR, reason=message, duration_s=None)
+    return record
+
+
+def not_run(reason: str) -> KernelResult:
+    return KernelResult(status=NOT_RUN, where=None, reason=reason)
+
+
+def kernel_of(record: CellRecord) -> KernelResult:
+    """The cell's kernel result, empty when it has none (rejected cells, old files)."""
+    return record.get("kernel") or KernelResult()

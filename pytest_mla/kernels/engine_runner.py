@@ -1,0 +1,64 @@
+"""What an engine runner is handed and returns (``KernelSpec.protocol == "engine"``; see ``engine_check``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from typing import Any, Callable, Mapping
+
+import torch
+
+from .collectives import Collectives
+from .inputs import DecodeInputs
+
+__all__ = ["BackendRaised", "EngineRunner", "RankContext", "RankResult", "engine_function_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world: int
+    interleave: int  # tokens per rank block of the case's DCP layout (1: cyclic)
+    collectives: Collectives
+    device: torch.device
+    case: Any  # the KernelCase
+
+
+@dataclasses.dataclass
+class RankResult:
+    out: torch.Tensor  # [b, s_q, h, d_v]: the heads this rank holds after the engine's merge
+    lse: torch.Tensor | None  # [b, h, s_q] natural log; None when the engine's path returns none
+    heads: tuple[int, int] | None = None  # [start, stop) of the case's query heads; None: all
+    functions: tuple[str, ...] = ()  # engine functions that computed / merged, "module:qualname"
+    notes: tuple[str, ...] = ()
+
+
+EngineRunner = Callable[[DecodeInputs, RankContext, Mapping[str, Any]], RankResult]
+
+
+class BackendRaised(Exception):
+    """The engine's own code raised while computing an accepted configuration: a finding."""
+
+    def __init__(self, error: str, text: str, function: str | None, rank: int | None = None) -> None:
+        self.error = error
+        self.text = text
+        self.function = function
+        self.rank = rank
+        where = f" in {function}" if function else ""
+        super().__init__(f"{error}: {text}{where}")
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, package: str | None, rank: int | None = None) -> "BackendRaised":
+        return cls(type(exc).__name__, str(exc), engine_function_of(exc, package), rank)
+
+
+def engine_function_of(exc: BaseException, package: str | None) -> str | None:
+    """``module:qualname`` of the innermost traceback frame inside ``package``; None if none is."""
+    if not package:
+        return None
+    found = None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        module = frame.f_globals.get("__name__", "")
+        if module == package or module.startswith(package + "."):
+            found = f"{module}:{frame.f_code.co_qualname}"
+    return found

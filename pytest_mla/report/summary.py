@@ -1,0 +1,81 @@
+"""The terminal summary of a matrix run, built as lines (the controller writes them).
+
+``build_summary`` is a pure function of the records, the documents and
+what the gate found, like pytest's ``build_summary_stats_line``: it
+returns ``(text, markup)`` pairs and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..core.records import CellRecord, kernel_of
+from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, VERDICTS, VERIFIED
+
+__all__ = ["build_summary", "worst_kernel_errors"]
+
+Line = tuple[str, dict[str, bool]]
+
+#: Failing cells listed without -v.
+LIST_LIMIT = 20
+
+
+def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str, Any]], *, verbosity: int,
+                  baseline: str | None, regressions: Sequence[tuple[str, Any]],
+                  written: Sequence[str]) -> list[Line]:
+    """The lines under ``== mla matrix ==`` (empty when no cell ran)."""
+    if not records:
+        return []
+    lines: list[Line] = []
+    counts = Counter(r["verdict"] for r in records)
+    kernels = Counter(kernel_of(r).get("status") for r in records)
+    lines.append((f"{len(records)} cells: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts.get(v)), {}))
+    if kernels.get(VERIFIED) or kernels.get(KERNEL_FAILED):
+        reused = sum(1 for r in records if kernel_of(r).get("reused"))
+        lines.append((f"kernels: {kernels.get(VERIFIED, 0)} verified ({reused} reused), "
+                      f"{kernels.get(KERNEL_FAILED, 0)} failed, {kernels.get(NOT_RUN, 0)} not run", {}))
+        worst = worst_kernel_errors(records)
+        if worst:
+            lines.append(("  worst of the verified: " + worst, {}))
+    bad = [r for r in records if r["verdict"] in (FAIL, ERROR)]
+    limit = None if verbosity > 0 else LIST_LIMIT
+    for r in bad[:limit]:
+        first = (r.get("reason") or "").splitlines()[0] if r.get("reason") else ""
+        lines.append((f"  {r['verdict'].upper():5} {r['id']}: {first}", {}))
+    if limit is not None and len(bad) > limit:
+        lines.append((f"  ... and {len(bad) - limit} more (-v lists all)", {}))
+    if verbosity >= 0:
+        from .terminal import render_terminal
+
+        texts = [render_terminal(doc) for doc in documents if doc["cells"]]
+        if texts:
+            lines.append(("\n".join(texts), {}))
+    if baseline is not None:
+        if regressions:
+            lines.append((f"{len(regressions)} regression(s) against {baseline}:", {"red": True}))
+            for matrix, change in regressions:
+                lines.append((f"  REGRESSION {matrix}: {change.id}: {change.old} -> {change.new}"
+                              + (f" ({change.reason})" if change.reason else ""), {}))
+        else:
+            lines.append((f"no regressions against {baseline}", {}))
+    lines += [(f"mla report: {path}", {}) for path in written]
+    return lines
+
+
+def worst_kernel_errors(records: Iterable[CellRecord]) -> str:
+    """The largest errors over the verified kernel checks, and the kernel time spent."""
+    runs = [kernel_of(r) for r in records if kernel_of(r).get("status") == VERIFIED]
+    out = [(k.get("errors") or {}).get("out") or {} for k in runs]
+    lse = [(k.get("errors") or {}).get("lse") or {} for k in runs]
+    if not out:
+        return ""
+
+    def top(rows: list[dict[str, Any]], key: str) -> float:
+        return max((float(r[key]) for r in rows if isinstance(r.get(key), (int, float))), default=0.0)
+
+    spent = sum(float(k.get("time_s") or 0) for k in runs if not k.get("reused"))
+    # (max_rel_err alone misleads: near-zero elements pass by the absolute bound.)
+    return (f"out max abs {top(out, 'max_abs_err'):.2e}, outside abs-or-rel {top(out, 'fail_frac'):.0%}, "
+            f"cos diff {top(out, 'cos_diff'):.2e}; lse max abs {top(lse, 'max_abs_err'):.2e}; "
+            f"kernel time {spent:.1f} s")

@@ -1,0 +1,120 @@
+"""The package's import graph: layers import downward only, and nothing imports in a circle.
+
+Every ``import``/``from ... import`` of ``pytest_mla`` modules counts, at
+module level and inside functions (a lazy import is still a dependency).
+Layers, lowest first: ``core`` → ``kernels`` → ``engines`` → the plugin
+modules (``plugin``, ``collect``, ``runner``, ``controller``, ...),
+``report`` → ``cli``. ``report`` may use only ``core``; nothing imports
+``plugin.py`` (pytest loads it through the entry point).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pytest_mla"
+
+#: What each layer may import besides itself.
+ALLOWED = {
+    "core": set(),
+    "kernels": {"core"},
+    "engines": {"core", "kernels"},
+    "report": {"core"},
+    "plugin": {"core", "kernels", "engines", "report", "plugin"},
+    "cli": {"core", "report"},
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "plugin"  # pytest_mla/__init__.py
+    if parts[1] in ("core", "kernels", "engines", "report"):
+        return parts[1]
+    return "cli" if parts[1] == "cli" else "plugin"
+
+
+def imports_of(path: Path) -> set[str]:
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("pytest_mla")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("pytest_mla"):
+                continue
+            found.add(target)
+            for alias in node.names:  # `from . import x` may name a submodule
+                candidate = f"{target}.{alias.name}"
+                if (PACKAGE.parent / Path(*candidate.split("."))).with_suffix(".py").exists() or \
+                        (PACKAGE.parent / Path(*candidate.split(".")) / "__init__.py").exists():
+                    found.add(candidate)
+    found.discard(me)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_layers_import_downward_only():
+    upward = []
+    for module, targets in graph().items():
+        for target in sorted(targets):
+            if target == "pytest_mla":
+                continue
+            mine, theirs = layer(module), layer(target)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                upward.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert not upward, "\n".join(upward)
+
+
+def test_nothing_imports_the_plugin_module():
+    users = [m for m, targets in graph().items() if "pytest_mla.plugin" in targets]
+    assert not users, users
+
+
+def test_no_import_cycles():
+    g = {m: {t for t in ts if t in graph_keys} for graph_keys in [set(graph())] for m, ts in graph().items()}
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(g[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(g):
+        if node not in state:
+            visit(node)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_graph_sees_lazy_imports():
+    """The walker must see function-level and relative imports, or the two tests above prove nothing."""
+    g = graph()
+    assert "pytest_mla.kernels.harness" in g["pytest_mla.runner"]  # imported inside a method
+    assert "pytest_mla.core.cells" in g["pytest_mla.core.matrix"]  # `from .cells import ...`
