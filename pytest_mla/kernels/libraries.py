@@ -20,34 +20,29 @@ same page size, see ``engines/reference.py: FORCED_PAGE_SIZES``) and (b) for
 TRT-LLM MLA, leaving requests with zero cached tokens out of the launch (its
 kernel does not write those rows) and giving them ``out = 0``, ``lse = -inf``.
 
-Nothing here imports torch or a library at module import: the plugin imports
-the engines, which import :mod:`library_hook`, which imports this module.
+What each wrapper can compute and whether this host can run it is in
+:mod:`library_probe` (imported by the engines through :mod:`library_hook`);
+this module is imported only when a check runs a wrapper, and even then
+imports torch and the library inside the call.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
-import inspect
 import math
-import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
+
+from .library_probe import LIBRARY_KERNELS, LibraryKernel, accepts, trtllm_function
 
 __all__ = [
-    "LIBRARY_KERNELS",
     "KernelUnsupported",
-    "LibraryKernel",
-    "available_library_kernels",
-    "bench_library_kernels",
     "flash_mla_decode",
     "flashinfer_mla_decode",
-    "is_arch_supported",
-    "library_status",
+    "prepare_launch",
     "trtllm_mla_decode",
 ]
 
 _LN2 = math.log(2.0)
+DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 FLASHINFER_MLA_BACKEND = "auto"  # BatchMLAPagedAttentionWrapper backend: "auto" (fa3 on sm90, fa2 elsewhere), "fa2", ...
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace; also TRT-LLM MLA's
 _WORKSPACES: dict[tuple[str, str], Any] = {}  # (kind, device) -> workspace tensor, allocated on first use
@@ -55,161 +50,6 @@ _WORKSPACES: dict[tuple[str, str], Any] = {}  # (kind, device) -> workspace tens
 
 class KernelUnsupported(ValueError):
     """The library cannot compute this call (a feature, dtype, shape or page size it lacks)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Capabilities
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class LibraryKernel:
-    """One wrapper: what it needs on the host and what it can compute."""
-
-    backend: str  # engine backend it checks ("flashmla", "flashinfer", "trtllm_mla")
-    target: str  # "module:attr" of the wrapper (mla_decode's signature)
-    module: str  # top-level Python module of the library
-    library: str  # the library in words, for messages
-    archs: tuple[str, ...]  # GPU archs it runs on ("sm90", ...); "sm80+" style is spelled out
-    page_sizes: tuple[int, ...] | None  # native page sizes; None = any (others are re-paged)
-    dtypes: tuple[str, ...]  # q / cache / out dtypes
-    d_qk: tuple[int, ...]  # key widths (kv_lora_rank + qk_rope_head_dim)
-    d_v: tuple[int, ...]  # value widths (kv_lora_rank)
-    returns_lse: bool  # returns a rank-local LSE (DCP merge)
-    dcp_positions: bool  # masks by DCP global positions (DCP + spec verify)
-    tree_mask: bool  # takes a speculative tree mask
-    non_causal_multi_query: bool  # s_q > 1 without the causal mask
-    note: str = ""
-
-    def describe(self) -> dict[str, Any]:
-        """Plain values for reports and the capability table."""
-        d = dataclasses.asdict(self)
-        d["page_sizes"] = list(self.page_sizes) if self.page_sizes else "any"
-        for key in ("archs", "dtypes", "d_qk", "d_v"):
-            d[key] = list(d[key])
-        return d
-
-
-_SM80_PLUS = ("sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121")
-
-LIBRARY_KERNELS: dict[str, LibraryKernel] = {
-    "flashmla": LibraryKernel(
-        backend="flashmla", target="pytest_mla.kernels.libraries:flash_mla_decode", module="flash_mla",
-        library="FlashMLA (flash_mla.flash_mla_with_kvcache)", archs=("sm90",), page_sizes=(64,),
-        dtypes=("bf16", "fp16"), d_qk=(576,), d_v=(512,), returns_lse=True, dcp_positions=False,
-        tree_mask=False, non_causal_multi_query=True,
-        note="dense decode is SM90a-only in FlashMLA (csrc/api/dense_decode.h); LSE +inf for empty queries",
-    ),
-    "flashinfer": LibraryKernel(
-        backend="flashinfer", target="pytest_mla.kernels.libraries:flashinfer_mla_decode", module="flashinfer",
-        library="FlashInfer MLA (flashinfer.mla.BatchMLAPagedAttentionWrapper)", archs=_SM80_PLUS,
-        page_sizes=None, dtypes=("bf16", "fp16"), d_qk=(576,), d_v=(512,), returns_lse=True,
-        dcp_positions=False, tree_mask=False, non_causal_multi_query=True,
-        note="backend 'auto' (fa3 on sm90, fa2 elsewhere); LSE base 2 unless return_lse_base_on_e",
-    ),
-    "trtllm_mla": LibraryKernel(
-        backend="trtllm_mla", target="pytest_mla.kernels.libraries:trtllm_mla_decode", module="flashinfer",
-        library="TRT-LLM MLA (flashinfer.decode.trtllm_batch_decode_with_kv_cache_mla, trtllm-gen)",
-        archs=("sm100", "sm103"), page_sizes=(32, 64), dtypes=("bf16",), d_qk=(576,), d_v=(512,),
-        returns_lse=True, dcp_positions=False, tree_mask=False, non_causal_multi_query=False,
-        note="LSE needs flashinfer >= 0.6.12 (return_lse; base 2); rows with seq_lens == 0 are not written",
-    ),
-}
-
-_DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
-
-
-def is_arch_supported(lib: LibraryKernel, host_arch: str) -> bool:
-    """True when ``host_arch`` (``"sm90"``, ``"sm90a"``, ``"cpu"``, ``"interpreter"``) is one the library runs on."""
-    base = host_arch.rstrip("af") if host_arch.startswith("sm") else host_arch
-    return base in lib.archs
-
-
-def _is_installed(module: str) -> bool:
-    if module in sys.modules:
-        return sys.modules[module] is not None
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _trtllm_function(flashinfer_module: Any) -> Callable | None:
-    for sub in ("decode", "mla"):
-        mod = getattr(flashinfer_module, sub, None)
-        if mod is None:
-            try:
-                mod = importlib.import_module(f"flashinfer.{sub}")
-            except ImportError:
-                continue
-        fn = getattr(mod, "trtllm_batch_decode_with_kv_cache_mla", None)
-        if fn is not None:
-            return fn
-    return None
-
-
-def _accepts(fn: Callable, name: str, *, explicit: bool = False) -> bool:
-    """True when ``fn`` takes keyword ``name`` (``explicit``: named in its signature, not just ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or (not explicit and any(p.kind is p.VAR_KEYWORD for p in params.values()))
-
-
-def library_status(backend: str, host_arch: str) -> tuple[bool, str | None]:
-    """``(runnable, reason)`` for one wrapper on a host of ``host_arch``.
-
-    Without a matching GPU nothing is imported (``find_spec`` only), so this is
-    cheap and torch-free on a CPU host. On a matching GPU the library is
-    imported, so a broken build is reported as such.
-    """
-    lib = LIBRARY_KERNELS.get(backend)
-    if lib is None:
-        return False, f"no library wrapper for backend {backend!r} (wrapped: {', '.join(LIBRARY_KERNELS)})"
-    reasons = []
-    installed = _is_installed(lib.module)
-    if not installed:
-        reasons.append(f"{lib.module} not installed")
-    if not is_arch_supported(lib, host_arch):
-        reasons.append(f"{lib.library} needs {'/'.join(lib.archs)}, host is {host_arch}")
-    if reasons:
-        return False, f"{backend}: " + "; ".join(reasons)
-    try:
-        module = importlib.import_module(lib.module)
-    except Exception as exc:  # a library built for another CUDA / torch fails here, not in the cell
-        return False, f"{backend}: import {lib.module} failed: {type(exc).__name__}: {exc}"
-    if backend == "trtllm_mla":
-        fn = _trtllm_function(module)
-        version = getattr(module, "__version__", "?")
-        if fn is None:
-            return False, f"trtllm_mla: flashinfer {version} has no trtllm_batch_decode_with_kv_cache_mla"
-        if not _accepts(fn, "return_lse"):
-            return False, (f"trtllm_mla: flashinfer {version} returns no LSE from "
-                           "trtllm_batch_decode_with_kv_cache_mla (needs return_lse, flashinfer >= 0.6.12)")
-    if backend == "flashinfer":
-        mla = getattr(module, "mla", None) or importlib.import_module("flashinfer.mla")
-        if getattr(mla, "BatchMLAPagedAttentionWrapper", None) is None:
-            return False, f"flashinfer: {getattr(module, '__version__', '?')} has no mla.BatchMLAPagedAttentionWrapper"
-    if backend == "flashmla" and not hasattr(module, "flash_mla_with_kvcache"):
-        return False, "flashmla: flash_mla has no flash_mla_with_kvcache"
-    return True, None
-
-
-def _kernel_spec(lib: LibraryKernel):
-    from ..core.kernelspec import KernelSpec  # the engine-facing type; imported only when asked for
-
-    return KernelSpec(lib.backend, lib.target, returns_lse=lib.returns_lse, dcp_positions=lib.dcp_positions,
-                      tree_mask=lib.tree_mask)
-
-
-def available_library_kernels(host_arch: str) -> dict[str, tuple[Any, str | None]]:
-    """``{backend: (KernelSpec, None) or (None, reason)}`` for every wrapper, on a host of ``host_arch``."""
-    result: dict[str, tuple[Any, str | None]] = {}
-    for backend, lib in LIBRARY_KERNELS.items():
-        ok, reason = library_status(backend, host_arch)
-        result[backend] = (_kernel_spec(lib), None) if ok else (None, reason)
-    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,7 +71,7 @@ def _check_call(lib: LibraryKernel, q, kv_cache, block_table, cache_seqlens, hea
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
         raise KernelUnsupported(f"{lib.backend}: kv_cache must be a 4-D tensor [num_pages, page_size, h_kv, d_qk]")
     b, s_q, h_q, d_qk = q.shape
-    dtype = _DTYPE_NAMES.get(str(q.dtype), str(q.dtype))
+    dtype = DTYPE_NAMES.get(str(q.dtype), str(q.dtype))
     if dtype not in lib.dtypes:
         raise _unsupported(lib, f"compute in {dtype} (supports {', '.join(lib.dtypes)})")
     if kv_scale is not None or kv_cache.dtype != q.dtype:
@@ -328,11 +168,9 @@ def _workspace(kind: str, device, *, zero: bool):
     return buf
 
 
-@dataclasses.dataclass
-class _Prepared:
-    """A library call with its metadata built: ``launch()`` runs only the library (what a benchmark times)."""
-
-    launch: Callable[[], tuple[Any, Any]]  # -> (out, lse) in our layout, lse natural log (+inf allowed)
+#: A library call with its metadata built: calling it runs only the library (what a benchmark times)
+#: and returns ``(out, lse)`` in our layout, LSE natural log (+inf allowed).
+Launch = Callable[[], tuple[Any, Any]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,7 +178,7 @@ class _Prepared:
 # --------------------------------------------------------------------------------------------
 
 
-def _prepare_flash_mla(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal) -> _Prepared:
+def _prepare_flash_mla(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal) -> Launch:
     import flash_mla
 
     b, s_q, h_q, d_qk = q.shape
@@ -357,7 +195,7 @@ def _prepare_flash_mla(q, kv_cache, block_table, cache_seqlens, head_dim_v, soft
         )
         return out, lse  # [b, s_q, h_q, d_v], [b, h_q, s_q] natural log, +inf where nothing is visible
 
-    return _Prepared(launch)
+    return launch
 
 
 def flash_mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale=None, causal=True,
@@ -376,7 +214,7 @@ def flash_mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softma
     kv_cache, block_table = _native_pages(lib, kv_cache, block_table, cache_seqlens, repage)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     prepared = _prepare_flash_mla(q, kv_cache, block_table, cache_seqlens, head_dim_v, scale, causal)
-    return _finish(*prepared.launch(), out, return_lse)
+    return _finish(*prepared(), out, return_lse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -397,7 +235,7 @@ def _paged_indices(block_table, cache_seqlens, page_size: int):
     return kv_indptr, kv_indices
 
 
-def _prepare_flashinfer(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal) -> _Prepared:
+def _prepare_flashinfer(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal) -> Launch:
     import torch
     from flashinfer.mla import BatchMLAPagedAttentionWrapper
 
@@ -414,8 +252,8 @@ def _prepare_flashinfer(q, kv_cache, block_table, cache_seqlens, head_dim_v, sof
                                             backend=FLASHINFER_MLA_BACKEND)
     # The LSE base: newest releases choose it at plan time (lse_mode), earlier ones at run time
     # (return_lse_base_on_e), the oldest always return base 2.
-    plan_lse_mode = _accepts(wrapper.plan, "lse_mode", explicit=True)
-    run_base_flag = not plan_lse_mode and _accepts(wrapper.run, "return_lse_base_on_e", explicit=True)
+    plan_lse_mode = accepts(wrapper.plan, "lse_mode", explicit=True)
+    run_base_flag = not plan_lse_mode and accepts(wrapper.run, "return_lse_base_on_e", explicit=True)
     base_e = plan_lse_mode or run_base_flag
     wrapper.plan(
         qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=cache_seqlens,
@@ -431,7 +269,7 @@ def _prepare_flashinfer(q, kv_cache, block_table, cache_seqlens, head_dim_v, sof
             lse = lse * _LN2  # base 2 -> natural log
         return o.view(b, s_q, h_q, head_dim_v), lse.view(b, s_q, h_q).permute(0, 2, 1)
 
-    return _Prepared(launch)
+    return launch
 
 
 def flashinfer_mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale=None, causal=True,
@@ -451,7 +289,7 @@ def flashinfer_mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, s
                 dcp_world_size, global_seqlens)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     prepared = _prepare_flashinfer(q, kv_cache, block_table, cache_seqlens, head_dim_v, scale, causal)
-    return _finish(*prepared.launch(), out, return_lse)
+    return _finish(*prepared(), out, return_lse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,14 +304,14 @@ def _trtllm_table_multiple(page_size: int) -> int:
     return max(1, 128 // page_size)
 
 
-def _prepare_trtllm(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale) -> _Prepared:
+def _prepare_trtllm(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale) -> Launch:
     import flashinfer
     import torch
 
-    fn = _trtllm_function(flashinfer)
+    fn = trtllm_function(flashinfer)
     if fn is None:
         raise KernelUnsupported("trtllm_mla: installed flashinfer has no trtllm_batch_decode_with_kv_cache_mla")
-    if not _accepts(fn, "return_lse"):
+    if not accepts(fn, "return_lse"):
         raise KernelUnsupported("trtllm_mla: installed flashinfer returns no LSE from "
                                 "trtllm_batch_decode_with_kv_cache_mla (needs flashinfer >= 0.6.12)")
     b, s_q, h_q, d_qk = q.shape
@@ -483,7 +321,7 @@ def _prepare_trtllm(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax
         pad = multiple - block_table.shape[1] % multiple
         block_table = torch.cat([block_table, block_table[:, -1:].expand(b, pad)], dim=1)
     max_seq_len = int(cache_seqlens.max()) if b else 0
-    base_e = _accepts(fn, "return_lse_base_on_e", explicit=True)
+    base_e = accepts(fn, "return_lse_base_on_e", explicit=True)
     extra = {"return_lse_base_on_e": True} if base_e else {}
     kwargs = dict(
         query=q.contiguous(),  # [b, s_q, h_q, 576]
@@ -502,7 +340,7 @@ def _prepare_trtllm(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax
             lse = lse * _LN2
         return o.view(b, s_q, h_q, head_dim_v), lse.view(b, s_q, h_q).permute(0, 2, 1)
 
-    return _Prepared(launch)
+    return launch
 
 
 def trtllm_mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale=None, causal=True,
@@ -531,103 +369,18 @@ def trtllm_mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softm
         all_rows = rows.numel() == b
         sub = (lambda x: x) if all_rows else (lambda x: x.index_select(0, rows))
         prepared = _prepare_trtllm(sub(q), kv_cache, sub(block_table), sub(cache_seqlens), head_dim_v, scale)
-        o, lse = prepared.launch()
+        o, lse = prepared()
         full_out[rows] = o.to(q.dtype)
         full_lse[rows] = lse.to(torch.float32)
     return _finish(full_out, full_lse, out, return_lse)
 
 
-WRAPPERS: dict[str, Callable] = {
-    "flashmla": flash_mla_decode,
-    "flashinfer": flashinfer_mla_decode,
-    "trtllm_mla": trtllm_mla_decode,
-}
-
-
-# --------------------------------------------------------------------------------------------
-# Benchmark
-# --------------------------------------------------------------------------------------------
-
-#: FlashMLA's roofline shapes: (b, s_q, h_q, s_k).
-BENCH_SHAPES: tuple[tuple[int, int, int, int], ...] = (
-    (128, 1, 16, 4096), (128, 1, 128, 4096), (128, 2, 128, 4096), (128, 1, 128, 8192),
-)
-
-
-def _bench_inputs(b, s_q, h_q, s_k, page_size, dtype, device, d_qk=576):
-    import torch
-
-    pages = -(-s_k // page_size)
-    q = (torch.randn(b, s_q, h_q, d_qk, device=device) / 10).to(dtype)  # [b, s_q, h_q, 576]
-    kv = (torch.randn(b * pages, page_size, 1, d_qk, device=device) / 10).to(dtype)  # [pages, page_size, 1, 576]
-    table = torch.randperm(b * pages, device=device).to(torch.int32).view(b, pages)  # [b, pages]
-    lens = torch.full((b,), s_k, dtype=torch.int32, device=device)
-    return q, kv, table, lens
-
-
-def bench_library_kernels(shapes: Sequence[tuple[int, int, int, int]] | None = None, *, host_arch: str | None = None,
-                          dtype: str = "bf16", include_triton: bool = True,
-                          print_fn: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Time each runnable wrapper (and the project's Triton kernel) with ``triton.testing.do_bench``.
-
-    ``shapes`` are ``(b, s_q, h_q, s_k)``; each library gets its native page size,
-    so only its launch is timed (metadata is built once, as an engine does).
-    Prints one line per (kernel, shape) with ms, GB/s and TFLOP/s (FlashMLA's
-    roofline formulas) and returns the rows. Without a CUDA GPU it prints why
-    and returns ``[]``.
-    """
-    import torch
-
-    if not torch.cuda.is_available():
-        print_fn("bench_library_kernels: skipped, no CUDA GPU here (library kernels need sm80+)")
-        return []
-    from ._mode import ensure_triton_mode
-
-    arch = host_arch or ensure_triton_mode()
-    import triton.testing
-
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    kernels: list[tuple[str, int, Callable]] = []
-    for backend, (spec, reason) in available_library_kernels(arch).items():
-        if spec is None:
-            print_fn(f"{backend:<11} skipped: {reason}")
-            continue
-        lib = LIBRARY_KERNELS[backend]
-        if dtype not in lib.dtypes:
-            print_fn(f"{backend:<11} skipped: {dtype} not supported")
-            continue
-        kernels.append((backend, (lib.page_sizes or (64,))[-1], _bench_launcher(backend)))
-    if include_triton:
-        from .triton_mla import mla_decode
-
-        kernels.append(("triton", 64, lambda q, kv, t, lens, scale: (lambda: mla_decode(q, kv, t, lens, 512, scale))))
-    rows = []
-    for b, s_q, h_q, s_k in shapes or BENCH_SHAPES:
-        nbytes = b * (s_k * 576 * 2 + s_q * h_q * 576 * 2 + s_q * h_q * 512 * 2)
-        flops = 2 * b * s_q * h_q * s_k * (576 + 512)
-        for name, page_size, make in kernels:
-            q, kv, table, lens = _bench_inputs(b, s_q, h_q, s_k, page_size, torch_dtype, "cuda")
-            try:
-                launch = make(q, kv, table, lens, 576 ** -0.5)
-                ms = triton.testing.do_bench(launch)
-            except Exception as exc:  # one library failing must not hide the others
-                print_fn(f"{name:<11} b={b} s_q={s_q} h_q={h_q} s_k={s_k}: failed: {type(exc).__name__}: {exc}")
-                continue
-            row = {"kernel": name, "b": b, "s_q": s_q, "h_q": h_q, "s_k": s_k, "page_size": page_size,
-                   "dtype": dtype, "ms": ms, "gb_s": nbytes / ms / 1e6, "tflop_s": flops / ms / 1e9}
-            rows.append(row)
-            print_fn(f"{name:<11} b={b:<4} s_q={s_q} h_q={h_q:<4} s_k={s_k:<6} {ms * 1e3:9.1f} us "
-                     f"{row['gb_s']:8.0f} GB/s {row['tflop_s']:7.1f} TFLOP/s")
-    return rows
-
-
-def _bench_launcher(backend: str) -> Callable:
-    """``make(q, kv, table, lens, scale) -> launch``: metadata built once, the launch timed alone."""
-    def make(q, kv, table, lens, scale):
-        if backend == "flashmla":
-            return _prepare_flash_mla(q, kv, table, lens, 512, scale, True).launch
-        if backend == "flashinfer":
-            return _prepare_flashinfer(q, kv, table, lens, 512, scale, True).launch
-        return _prepare_trtllm(q, kv, table, lens, 512, scale).launch
-
-    return make
+def prepare_launch(backend: str, q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale) -> Launch:
+    """The library call of ``backend`` with its metadata built once (``benchmarks/libraries.py`` times it)."""
+    if backend == "flashmla":
+        return _prepare_flash_mla(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, True)
+    if backend == "flashinfer":
+        return _prepare_flashinfer(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, True)
+    if backend == "trtllm_mla":
+        return _prepare_trtllm(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale)
+    raise ValueError(f"no library wrapper for backend {backend!r}")

@@ -2,7 +2,7 @@
 
 ``library_kernel_for(backend, host_arch, ...)`` answers for the backends that
 have a wrapper in :mod:`libraries` (``flashmla``, ``flashinfer``,
-``trtllm_mla``): a ``KernelSpec`` when the library is installed, the host GPU
+``trtllm_mla``, see :mod:`library_probe`): a ``KernelSpec`` when the library is installed, the host GPU
 is one it runs on and the configuration is one the wrapper can compute, else
 ``None`` and the reason. For any other backend it returns ``(None, None)``:
 keep the engine's own reason.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .libraries import LIBRARY_KERNELS, _kernel_spec, library_status
+from .library_probe import LIBRARY_KERNELS, kernel_spec, library_status
 
 if TYPE_CHECKING:
     from ..core.kernelspec import KernelSpec
@@ -72,4 +72,4 @@ def library_kernel_for(backend: str, host_arch: str, *, model: Any = None, spec:
     ok, reason = library_status(backend, host_arch)
     if not ok:
         return None, reason
-    return _kernel_spec(LIBRARY_KERNELS[backend]), None
+    return kernel_spec(LIBRARY_KERNELS[backend]), None
