@@ -27,6 +27,7 @@ from . import _mode
 
 TRITON_MODE = _mode.ensure_triton_mode()  # before `import triton`: decides interpreter vs GPU
 
+import dataclasses  # noqa: E402
 import math  # noqa: E402
 
 import torch  # noqa: E402
@@ -49,13 +50,38 @@ _HOST_UPCAST_MAX_ELEMENTS = 1 << 26  # interpreter: widen bf16 caches up to this
 _FP8_DTYPES = (torch.float8_e4m3fn,)
 _Q_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-# Fault injection for the harness self-test (tests/kernels): 0 = correct kernel,
-# 1 = causal bound off by one (query i also sees position S - s_q + i + 1),
-# 2 = rope tail of the head dim ignored in the scores. Never set outside tests.
-_FAULT = 0
-
 
 # --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _key_positions(offs_n, dcp_rank, dcp_world_size, dcp_interleave, HAS_DCP: tl.constexpr):
+    """Global position of each local token: ``(j // I) * N * I + r * I + j % I`` under DCP, else ``j``."""
+    if HAS_DCP:
+        return (offs_n // dcp_interleave) * (dcp_world_size * dcp_interleave) \
+            + dcp_rank * dcp_interleave + offs_n % dcp_interleave
+    return offs_n
+
+
+@triton.jit
+def _visible_mask(key_pos, kv_mask, q_pos, tree_bits, total, s_q,
+                  HAS_GLOBAL_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_TREE: tl.constexpr):
+    """``[BLOCK_M, BLOCK_N]``: which keys (global ``key_pos``) each query row (at ``q_pos``) may attend."""
+    visible = kv_mask[None, :]  # [1, BLOCK_N], broadcast to [BLOCK_M, BLOCK_N] by the masks below
+    if HAS_GLOBAL_SEQLENS:
+        visible = visible & (key_pos < total)[None, :]
+    if CAUSAL:
+        if HAS_TREE:
+            # prefix keys always visible; draft key t visible to row i iff bit t of row i
+            draft = key_pos - (total - s_q)  # [BLOCK_N]
+            is_draft = (draft >= 0) & (draft < s_q)
+            shift = tl.where(is_draft, draft, 0).to(tl.int64)
+            tree_mask = ((tree_bits[:, None] >> shift[None, :]) & 1) != 0  # [BLOCK_M, BLOCK_N]
+            causal_mask = (draft < 0)[None, :] | (is_draft[None, :] & tree_mask)
+        else:
+            causal_mask = key_pos[None, :] <= q_pos[:, None]  # [BLOCK_M, BLOCK_N]
+        visible = visible & causal_mask
+    return visible
 
 
 @triton.jit
@@ -104,7 +130,6 @@ def _mla_decode_stage1_kernel(
     HAS_GLOBAL_SEQLENS: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter: fp32 right after each load (no bf16 arithmetic there)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 operands (no tf32)
-    FAULT: tl.constexpr,  # harness self-test only, see _FAULT
 ):
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 keys")
@@ -133,10 +158,10 @@ def _mla_decode_stage1_kernel(
     else:
         total = seqlen
     q_pos = total - s_q + offs_i  # [BLOCK_M] global position of each query row
-    if FAULT == 1:
-        q_pos += 1
     if HAS_TREE:
         tree_bits = tl.load(tree_bits_ptr + pid_b * stride_tree_b + offs_i * stride_tree_s, mask=row_mask, other=0)
+    else:
+        tree_bits = tl.zeros([BLOCK_M], dtype=tl.int64)  # unused
 
     # this split's slice of the local tokens, a whole number of tiles
     tokens_per_split = tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N) * BLOCK_N
@@ -172,32 +197,16 @@ def _mla_decode_stage1_kernel(
         k = tl.load(k_ptrs, mask=kv_mask[:, None] & dv_mask[None, :], other=0.0)
         k = k.to(q.dtype)  # fp8 cache -> q dtype; fp32 under UPCAST
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        if HAS_TAIL and FAULT != 2:
+        if HAS_TAIL:
             k_tail_ptrs = k_row_ptrs[:, None] + (d_v + offs_dt[None, :]) * stride_k_d  # [BLOCK_N, BLOCK_DT]
             k_tail = tl.load(k_tail_ptrs, mask=kv_mask[:, None] & dt_mask[None, :], other=0.0)
             k_tail = k_tail.to(q.dtype)
             qk = tl.dot(q_tail, tl.trans(k_tail), qk, input_precision=DOT_PRECISION)
         qk = qk * qk_scale_log2
 
-        visible = kv_mask[None, :]  # [1, BLOCK_N] -> [BLOCK_M, BLOCK_N] below
-        if HAS_DCP:
-            key_pos = (offs_n // dcp_interleave) * (dcp_world_size * dcp_interleave) \
-                + dcp_rank * dcp_interleave + offs_n % dcp_interleave
-        else:
-            key_pos = offs_n
-        if HAS_GLOBAL_SEQLENS:
-            visible = visible & (key_pos < total)[None, :]
-        if CAUSAL:
-            if HAS_TREE:
-                # prefix keys always visible; draft key t visible to row i iff bit t of row i
-                draft = key_pos - (total - s_q)  # [BLOCK_N]
-                is_draft = (draft >= 0) & (draft < s_q)
-                shift = tl.where(is_draft, draft, 0).to(tl.int64)
-                tree_mask = ((tree_bits[:, None] >> shift[None, :]) & 1) != 0  # [BLOCK_M, BLOCK_N]
-                causal_mask = (draft < 0)[None, :] | (is_draft[None, :] & tree_mask)
-            else:
-                causal_mask = key_pos[None, :] <= q_pos[:, None]  # [BLOCK_M, BLOCK_N]
-            visible = visible & causal_mask
+        key_pos = _key_positions(offs_n, dcp_rank, dcp_world_size, dcp_interleave, HAS_DCP)  # [BLOCK_N]
+        visible = _visible_mask(key_pos, kv_mask, q_pos, tree_bits, total, s_q,
+                                HAS_GLOBAL_SEQLENS, CAUSAL, HAS_TREE)  # [BLOCK_M, BLOCK_N]
         qk = tl.where(visible, qk, float("-inf"))
 
         # online softmax in base 2; rows that have seen no visible key keep m = -inf
@@ -422,6 +431,38 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scal
     Raises:
         ValueError: naming the argument and the offending values, before any launch.
     """
+    args = _check_decode_args(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
+                              kv_scale, num_splits, v_cache, tree_mask, dcp_rank, dcp_world_size,
+                              dcp_interleave, global_seqlens, out, check_inputs)
+    b, s_q, h_q, _ = q.shape
+    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)  # [b, h_q, s_q]
+    if out is None:
+        out = torch.empty((b, s_q, h_q, head_dim_v), dtype=q.dtype, device=q.device)  # [b, s_q, h_q, d_v]
+    if out.numel() and lse.numel():
+        _launch_decode(args, q, kv_cache, v_cache, block_table, cache_seqlens, global_seqlens, tree_mask, out, lse)
+    return (out, lse) if return_lse else out
+
+
+@dataclasses.dataclass(frozen=True)
+class _DecodeArgs:
+    """What the checks resolved: the defaults filled in, the scalars normalised."""
+
+    interpreter: bool
+    head_dim_v: int
+    softmax_scale: float
+    kv_scale: float | None
+    causal: bool
+    num_splits: int | None
+    dcp_rank: int
+    dcp_world_size: int
+    dcp_interleave: int
+    check_inputs: bool
+
+
+def _check_decode_args(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale,
+                       num_splits, v_cache, tree_mask, dcp_rank, dcp_world_size, dcp_interleave, global_seqlens,
+                       out, check_inputs) -> _DecodeArgs:
+    """Every check of :func:`mla_decode`'s arguments, before anything is allocated or launched."""
     # ---- shapes, dtypes, devices
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         _fail(f"q must be a 4-D tensor [b, s_q, h_q, d_qk], got "
@@ -501,15 +542,21 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scal
     if check_inputs or interpreter:
         _check_values(block_table, cache_seqlens, global_seqlens, num_pages, page_size, s_q, causal,
                       dcp_rank, dcp_world_size, dcp_interleave)
+    return _DecodeArgs(interpreter, head_dim_v, float(softmax_scale), float(kv_scale) if kv_scale is not None else None,
+                       bool(causal), num_splits,
+                       dcp_rank, dcp_world_size, dcp_interleave, bool(check_inputs))
 
-    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=device)  # [b, h_q, s_q]
-    if out is None:
-        out = torch.empty((b, s_q, h_q, head_dim_v), dtype=q.dtype, device=device)  # [b, s_q, h_q, d_v]
-    if out.numel() == 0 or lse.numel() == 0:
-        return (out, lse) if return_lse else out
 
+def _launch_decode(args: _DecodeArgs, q, kv_cache, v_cache, block_table, cache_seqlens, global_seqlens, tree_mask,
+                   out, lse) -> None:
+    """Stage 1 (and stage 2 when split) into ``out`` / ``lse``, allocated by the caller."""
+    interpreter, head_dim_v, causal = args.interpreter, args.head_dim_v, args.causal
+    device = q.device
+    b, s_q, h_q, d_qk = q.shape
+    num_pages, page_size, h_kv, _ = kv_cache.shape
+    num_splits = args.num_splits
     if num_splits is None:
-        s_k_max = int(cache_seqlens.max()) if (check_inputs or interpreter) else block_table.shape[1] * page_size
+        s_k_max = int(cache_seqlens.max()) if (args.check_inputs or interpreter) else block_table.shape[1] * page_size
         num_splits = default_num_splits(b, h_q, s_k_max, s_q=s_q, h_kv=h_kv, d_v=head_dim_v,
                                         num_sms=_num_sms(device), interpreter=interpreter)
 
@@ -539,7 +586,7 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scal
             kv_cache = kv_cache.float()
             v_cache = v_cache.float() if v_cache is not None else None
     v_arg = v_cache if v_cache is not None else kv_cache
-    scale = float(kv_scale) if kv_scale is not None else 1.0
+    scale = args.kv_scale if args.kv_scale is not None else 1.0
     dummy = cache_seqlens  # stands in for absent optional pointers (never read)
 
     grid = (b, h_kv * triton.cdiv(rows, cfg["BLOCK_M"]), num_splits)
@@ -552,17 +599,16 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scal
         *(tree_bits.stride() if tree_bits is not None else (0, 0)),
         *o_stage1_5d.stride(), *lse_stage1.stride(),
         s_q, heads_per_kv, head_dim_v, d_tail, num_splits,
-        float(softmax_scale) * scale * _LOG2E, scale,
-        dcp_rank, dcp_world_size, dcp_interleave,
+        args.softmax_scale * scale * _LOG2E, scale,
+        args.dcp_rank, args.dcp_world_size, args.dcp_interleave,
         PAGE_SIZE=page_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_DV=_next_pow2(head_dim_v), BLOCK_DT=_next_pow2(d_tail), HAS_TAIL=d_tail > 0,
         SHARED_KV=v_cache is None,
         CAUSAL=bool(causal), HAS_TREE=tree_mask is not None,
-        HAS_DCP=dcp_world_size > 1, HAS_GLOBAL_SEQLENS=global_seqlens is not None,
+        HAS_DCP=args.dcp_world_size > 1, HAS_GLOBAL_SEQLENS=global_seqlens is not None,
         UPCAST=interpreter,
         DOT_PRECISION="ieee",
-        FAULT=_FAULT,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits == 1:
@@ -570,7 +616,6 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scal
             out.copy_(o_stage1)
     else:
         _launch_merge(o_stage1_5d, lse_stage1, out, lse, interpreter)
-    return (out, lse) if return_lse else out
 
 
 def _check_values(block_table, cache_seqlens, global_seqlens, num_pages, page_size, s_q, causal,

@@ -181,11 +181,11 @@ KERNEL_CASES = SWEEP_CASES + GQA_CASES + FP8_CASES + REAL_MLA_CASES + SPLIT_CASE
 # --------------------------------------------------------------------------- helpers
 
 
-def run_kernel(x: DecodeInputs, num_splits=None, **dcp):
-    """mla_decode into a NaN-poisoned out; checks the out buffer is the one returned."""
+def run_kernel(x: DecodeInputs, num_splits=None, *, kernel=None, **dcp):
+    """``kernel`` (default mla_decode) into a NaN-poisoned out; checks the out buffer is the one returned."""
     b, s_q, h_q, _ = x.q.shape
     out = gen_poisoned_out(b, s_q, h_q, x.head_dim_v, x.q.dtype, device=x.q.device)
-    o, lse = mla_decode(x.q, x.kv_cache, x.block_table, x.cache_seqlens, x.head_dim_v, x.softmax_scale,
+    o, lse = (kernel or mla_decode)(x.q, x.kv_cache, x.block_table, x.cache_seqlens, x.head_dim_v, x.softmax_scale,
                         x.causal, x.kv_scale, num_splits, v_cache=x.v_cache, tree_mask=x.tree_mask, out=out, **dcp)
     assert o is out
     assert o.dtype == x.q.dtype and lse.dtype == torch.float32
@@ -304,19 +304,29 @@ def test_nan_in_unused_pages_and_slots_does_not_leak():
 # --------------------------------------------------------------------------- the harness catches a broken kernel
 
 
+def causal_off_by_one(q, kv_cache, block_table, cache_seqlens, *args, **kwargs):
+    """Every query also sees the next position: the kernel told the request is one token longer."""
+    return mla_decode(q, kv_cache, block_table, cache_seqlens, *args, global_seqlens=cache_seqlens + 1, **kwargs)
+
+
+def rope_tail_dropped(q, kv_cache, block_table, cache_seqlens, head_dim_v, *args, **kwargs):
+    """Scores without the rope part of the head dim (the kernel sees zeros there)."""
+    q = q.clone()
+    q[..., head_dim_v:] = 0
+    return mla_decode(q, kv_cache, block_table, cache_seqlens, head_dim_v, *args, **kwargs)
+
+
 @pytest.mark.parametrize("fault,case", [
-    (1, Case(seqlens=(9, 40), s_q=4, h_q=16, d_qk=80, d_v=64, page_size=16, dtype="bf16")),  # causal off by one
-    (2, Case(seqlens=(9, 40), s_q=1, h_q=16, d_qk=80, d_v=64, page_size=16, dtype="bf16")),  # rope tail dropped
+    (causal_off_by_one, Case(seqlens=(9, 40), s_q=4, h_q=16, d_qk=80, d_v=64, page_size=16, dtype="bf16")),
+    (rope_tail_dropped, Case(seqlens=(9, 40), s_q=1, h_q=16, d_qk=80, d_v=64, page_size=16, dtype="bf16")),
 ], ids=["causal-off-by-one", "rope-tail-dropped"])
-def test_broken_kernel_is_caught(monkeypatch, fault, case):
+def test_broken_kernel_is_caught(fault, case):
     x = case.inputs()
     ref_out, ref_lse = ref_mla_decode(**x.ref_args())
     tol = tolerance_for(case.dtype)
-    monkeypatch.setattr(triton_mla, "_FAULT", fault)
-    out, lse = run_kernel(x)
+    out, lse = run_kernel(x, kernel=fault)
     results = [check_close("out", out, ref_out, tol.out), check_close("lse", lse, ref_lse, tol.lse)]
-    assert not all(r.ok for r in results), f"fault {fault} went unnoticed by check_close"
-    monkeypatch.setattr(triton_mla, "_FAULT", 0)
+    assert not all(r.ok for r in results), f"{fault.__name__} went unnoticed by check_close"
     out, lse = run_kernel(x)
     assert_close(case, out, lse, ref_out, ref_lse)
 
@@ -494,7 +504,7 @@ def stage1(qdt, kvdt, cfg, **flags):
                 lse_ptr="*fp32")
     consts = dict(PAGE_SIZE=64, BLOCK_DV=512, BLOCK_DT=64, HAS_TAIL=True, SHARED_KV=True, CAUSAL=True,
                   HAS_TREE=False, HAS_DCP=False, HAS_GLOBAL_SEQLENS=False, UPCAST=False, DOT_PRECISION="ieee",
-                  FAULT=0, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
+                  BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
     consts.update(flags)
     sig = {n: ptrs.get(n) or ("constexpr" if n in consts else "fp32" if n in ("qk_scale_log2", "v_scale") else "i32")
            for n in names}
