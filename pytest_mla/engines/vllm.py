@@ -120,13 +120,14 @@ AUTO = "auto"
 GPUS_PER_NODE = 8
 #: Backend modules with import-time CUDA allocations (redirected to ``meta``).
 CUDA_AT_IMPORT = ("vllm.v1.attention.backends.mla.cutlass_mla",)
-#: Modules that ask a compiled op a question when they load: module → (wrapper module,
-#: wrapper, answer given while it loads). The block-FP8 GEMM query of ``w8a8_utils`` (imported
-#: by the model runner's attention utilities) decides a GEMM path, no attention rule.
-QUERIES_AT_IMPORT = {
-    "vllm.model_executor.layers.quantization.utils.w8a8_utils":
-        ("vllm._custom_ops", "cutlass_scaled_mm_supports_block_fp8", False),
-}
+#: Compiled-op questions vLLM asks when some modules load (``w8a8_utils``, imported by the model
+#: runner's attention utilities; the online-FP8 ``lm_head`` the EAGLE / MTP speculators import):
+#: (wrapper module, wrapper, answer while the adapter runs vLLM). They pick CUTLASS GEMM kernels;
+#: no attention rule, selector or start-up check asks them.
+QUERIES_AT_IMPORT = (
+    ("vllm._custom_ops", "cutlass_scaled_mm_supports_block_fp8", False),
+    ("vllm._custom_ops", "cutlass_scaled_mm_supports_fp8", False),
+)
 #: The capability the faked platform answers while vLLM's modules load (before any cell). A
 #: module that branches on it when it loads decides nothing per cell; 0.33's Mamba kernels
 #: (imported by the model runner's utilities) filter Triton configs for SM90 at import, which
@@ -255,10 +256,16 @@ class VLLMEngine:
             with _cuda_allocations_on_meta():
                 for module in CUDA_AT_IMPORT:
                     self._find("import", "CUTLASS MLA backend module", (module,))
-            for module, (owner, name, answer) in QUERIES_AT_IMPORT.items():
-                with _answering(self._find("import", owner, (owner,)), name, answer):
-                    self._find("import", module, (module,))
-            self._setup_imports()
+            with self._import_time_answers():
+                self._setup_imports()
+
+    @contextlib.contextmanager
+    def _import_time_answers(self) -> Iterator[None]:
+        """``QUERIES_AT_IMPORT`` answered for the duration."""
+        with contextlib.ExitStack() as stack:
+            for owner, name, answer in QUERIES_AT_IMPORT:
+                stack.enter_context(_answering(self._find("import", owner, (owner,)), name, answer))
+            yield
 
     def _setup_platform(self) -> None:
         platforms = self._find("platform", "vllm.platforms", ("vllm.platforms",))
@@ -332,6 +339,8 @@ class VLLMEngine:
                               ("vllm.v1.worker.cp_utils:check_attention_cp_compatibility",))
         self._draft_speculator = find("import", "DraftModelSpeculator",
                                       ("vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator",))
+        self._init_speculator = find("import", "init_speculator",
+                                     ("vllm.v1.worker.gpu.spec_decode:init_speculator",))
         self._get_hf_config = find("import", "vLLM's Hugging Face config loader",
                                    ("vllm.transformers_utils.config:get_config",))
         self._parallel_state = find("import", "vllm.distributed.parallel_state",
@@ -436,13 +445,22 @@ class VLLMEngine:
                                             method=SPEC_METHODS[spec.algorithm] if spec.enabled else None)
         reached: list[str] = []
         with _quiet.quiet(), self._dcp_group(cell.dcp), self._gpu_steps_recorded(reached), \
-                self._set_config(vllm_config):
+                self._import_time_answers(), self._set_config(vllm_config):
             # 1. VllmConfig.__post_init__ runs this before any layer (or backend) exists.
             with self._stand_ins_report("config layer"):
                 model_config.verify_with_parallel_config(parallel)
                 for step in POST_INIT_STEPS:  # later in VllmConfig.__post_init__, in this order
                     if step != "_set_cudagraph_sizes" or self._platform.support_static_graph_mode():
                         getattr(vllm_config, step)()
+            # Worker.init_device: the model dtype on this GPU.
+            with self._stand_ins_report("worker"):
+                self._platform.check_if_supports_dtype(model_config.dtype)
+            # GPUModelRunner.__init__: the speculator of the configured method.
+            speculator = None
+            if spec.enabled:
+                with self._stand_ins_report("speculator"):
+                    speculator = self._init_speculator(vllm_config, self._torch.device(BUILDER_DEVICE),
+                                                       req_states=None)
             # 2./3. Worker.load_model: the target's attention layer, then the drafter's.
             with self._stand_ins_report("attention layer"), self._default_dtype(model_config.dtype):
                 self._clear_config_caches()
