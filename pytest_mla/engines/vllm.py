@@ -150,10 +150,17 @@ TARGET_LAYER = "model.layers.{index}.self_attn.attn"
 NUM_BLOCKS = 4096
 #: The metadata builders' device: their buffers are shapes only.
 BUILDER_DEVICE = "meta"
-#: ``VllmConfig.__post_init__`` steps run on the stand-in after ``verify_with_parallel_config``:
-#: the scheduler's token budget with the speculative slots (it refuses a budget that leaves no
-#: token to schedule) and the CUDA-graph capture sizes the builders read.
-POST_INIT_STEPS = ("_set_max_num_scheduled_tokens", "_set_cudagraph_sizes")
+#: ``VllmConfig.__post_init__`` steps run on the stand-in after ``verify_with_parallel_config``,
+#: in its order; each entry names a method per release (the first this release has runs): the
+#: scheduler's token budget with the speculative slots (it refuses a budget that leaves no token
+#: to schedule), the CUDA-graph capture sizes the builders read, and the model runner's feature
+#: check (0.34 ``_validate_model_runner``; 0.33 ``_validate_v2_model_runner``, the branch a GPU
+#: host takes: ``use_v2_model_runner`` is true for these settings).
+POST_INIT_STEPS = (("_set_max_num_scheduled_tokens",), ("_set_cudagraph_sizes",),
+                   ("_validate_model_runner", "_validate_v2_model_runner"))
+#: Module-level facts of the host that vLLM reads while it starts: (module, name, value on a GPU
+#: host). Triton has a GPU backend there (0.33 picks its model runner by it).
+HOST_FACTS = (("vllm.config.vllm", "HAS_TRITON", True),)
 #: Steps of the start-up that allocate on the GPU or talk to other ranks, after every check of
 #: the constructor they sit in: replaced by a recorder while a cell starts, listed in its notes.
 #: ``module:name`` → what it is. A name this release lacks is left out.
@@ -355,9 +362,12 @@ class VLLMEngine:
         for method in ("verify_with_parallel_config", "get_model_arch_config", "get_head_size"):
             if not callable(getattr(model_config_cls, method, None)):
                 raise self._fail("import", f"vllm.config.ModelConfig has no {method}()")
-        for method in POST_INIT_STEPS:
-            if not callable(getattr(self._config_classes["VllmConfig"], method, None)):
-                raise self._fail("import", f"vllm.config.VllmConfig has no {method}()")
+        self._post_init_steps = []
+        for names in POST_INIT_STEPS:
+            present = [n for n in names if callable(getattr(self._config_classes["VllmConfig"], n, None))]
+            if not present:
+                raise self._fail("import", f"vllm.config.VllmConfig has none of {', '.join(names)}()")
+            self._post_init_steps.append(present[0])
         self._compilation_defaults = self._find_compilation_defaults()
         self._gpu_steps = self._find_gpu_steps()
         self._model_view_cls = type("ModelConfigView", (_ModelConfigView,), {"vllm_cls": model_config_cls})
@@ -445,11 +455,11 @@ class VLLMEngine:
                                             method=SPEC_METHODS[spec.algorithm] if spec.enabled else None)
         reached: list[str] = []
         with _quiet.quiet(), self._dcp_group(cell.dcp), self._gpu_steps_recorded(reached), \
-                self._import_time_answers(), self._set_config(vllm_config):
+                self._import_time_answers(), _host_facts(), self._set_config(vllm_config):
             # 1. VllmConfig.__post_init__ runs this before any layer (or backend) exists.
             with self._stand_ins_report("config layer"):
                 model_config.verify_with_parallel_config(parallel)
-                for step in POST_INIT_STEPS:  # later in VllmConfig.__post_init__, in this order
+                for step in self._post_init_steps:  # later in VllmConfig.__post_init__, in this order
                     if step != "_set_cudagraph_sizes" or self._platform.support_static_graph_mode():
                         getattr(vllm_config, step)()
             # Worker.init_device: the model dtype on this GPU.
@@ -518,10 +528,12 @@ class VLLMEngine:
         """
         compilation = vllm_config.compilation_config
         requested = compilation.cudagraph_mode
-        resolved = compilation.resolve_cudagraph_mode_and_sizes(
-            cg_support.min_cg_support, cg_support.min_cg_attn_backend, decode_query_len,
-            kv_cache_config=kv_cache_config, max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
-            is_profiling=False, piecewise_capture_available=True)
+        resolve = compilation.resolve_cudagraph_mode_and_sizes
+        options = dict(kv_cache_config=kv_cache_config, max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
+                       is_profiling=False, piecewise_capture_available=True)
+        if "use_v2_model_runner" in inspect.signature(resolve).parameters:
+            options["use_v2_model_runner"] = True  # 0.33: the V2 runner passes it (no V1 size rounding)
+        resolved = resolve(cg_support.min_cg_support, cg_support.min_cg_attn_backend, decode_query_len, **options)
         if resolved == requested:
             return []
         return [f"cudagraph_mode {requested.name} lowered to {resolved.name}: {cg_support.min_cg_attn_backend} "
@@ -924,6 +936,22 @@ def _source_is_mla(path: str, depth: int = 0) -> bool:
         elif base_name in imports and _source_is_mla(imports[base_name], depth + 1):
             return True
     return False
+
+
+@contextlib.contextmanager
+def _host_facts() -> Iterator[None]:
+    """``HOST_FACTS`` set for the duration, where this release has them."""
+    saved = []
+    for module_name, name, value in HOST_FACTS:
+        module = importlib.import_module(module_name)
+        if hasattr(module, name):
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, real in saved:
+            setattr(module, name, real)
 
 
 @contextlib.contextmanager
