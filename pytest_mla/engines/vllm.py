@@ -6,34 +6,33 @@ default for EAGLE and MTP):
 
 1. **Config layer** (``VllmConfig.__post_init__``):
    ``ModelConfig.verify_with_parallel_config`` with a real ``ParallelConfig``
-   (``tp`` = the ``tp`` axis, else the DCP size): DCP for GQA models needs tp
-   above their KV heads.
-2. **Model construction** (``Worker.load_model``): the target model's
+   (``tp`` = the ``tp`` axis, else the DCP size), then ``POST_INIT_STEPS``:
+   the scheduler budget with the speculative slots, the CUDA-graph capture
+   sizes, the model runner's feature check.
+2. **Worker and runner**: ``check_if_supports_dtype`` (``Worker.init_device``);
+   for spec cells ``init_speculator`` (``GPUModelRunner.__init__``).
+3. **Model construction** (``Worker.load_model``): the target model's
    attention layer, built by vLLM's own layer class (``MLAAttention`` for MLA
    models, ``Attention`` otherwise) with the per-rank head counts the model
-   code passes. Its constructor runs, in vLLM's order, the attention
-   selector (``get_attn_backend``: the forced backend's
-   ``validate_configuration``, or for ``auto`` the platform's priority walk),
-   the impl class's constructor (e.g. ``TritonMLAImpl``'s FP8-below-SM89
-   refusal), and for MLA the MLA prefill backend selection
-   (``get_mla_prefill_backend``) and its constructor.
-3. **Spec cells: the drafter's attention layer** (``load_eagle_model`` builds
-   the EAGLE / MTP draft with the target's config and draft overrides): one
-   more layer of the same class after the target's, marked as a draft layer
-   as ``DraftModelSpeculator.load_model`` marks it. The draft model is not a
-   checkpoint here: it has the target's attention shape (DeepSeek's MTP layer
-   and the EAGLE heads of these models do).
-4. **Block size** (executor, after loading):
-   ``current_platform.update_block_size_for_backend``.
+   code passes. Its constructor runs, in vLLM's order, the attention selector
+   (``get_attn_backend``: the forced backend's ``validate_configuration``, or
+   for ``auto`` the platform's priority walk), the impl class's constructor
+   (e.g. ``TritonMLAImpl``'s FP8-below-SM89 refusal), and for MLA the MLA
+   prefill backend selection and its constructor. Spec cells then build the
+   drafter's first layer the same way (``load_eagle_model`` uses the target's
+   config; the draft overrides are unset), marked as a draft layer as
+   ``DraftModelSpeculator.load_model`` marks it. The draft is not a
+   checkpoint: it has the target's attention shape (DeepSeek's MTP layer and
+   the EAGLE heads of these models do).
+4. **Block size** (executor, after loading): ``update_block_size_for_backend``.
 5. **KV cache and metadata builders** (``GPUModelRunner.initialize_kv_cache``):
-   ``get_kv_cache_spec``, ``get_kv_cache_groups`` and ``init_attn_backend``
+   ``get_kv_cache_spec``, ``get_kv_cache_groups``, ``init_attn_backend``
    (kernel block sizes, every group's metadata builder constructed on the
    ``meta`` device: the builders' own checks, e.g. the reorder threshold that
-   depends on ``num_speculative_tokens``), then
-   ``check_attention_cp_compatibility`` (the DCP softmax-LSE requirement; with
-   a speculative config, the MTP interleave-size requirement), then for spec
-   cells the drafter's ``init_attn_backend`` on the draft layers
-   (``DraftModelSpeculator.set_attn``) with ``attn_vllm_config``.
+   depends on ``num_speculative_tokens``), the CUDA-graph mode
+   (``resolve_cudagraph_mode_and_sizes`` with the verify length), then
+   ``check_attention_cp_compatibility``, then for spec cells the drafter's
+   ``init_attn_backend`` on the draft layers (``DraftModelSpeculator.set_attn``).
 
 Nothing past that runs: weights, the profiling forward pass, KV-cache
 allocation and CUDA-graph capture need a GPU. docs/engines.md lists every
@@ -52,7 +51,12 @@ How it runs on a CPU-only machine (see docs/engines.md):
   answers as on a GPU host with everything compiled. ``vllm._C`` and
   ``vllm._C_stable_libtorch`` (CUDA-linked) are stubbed for the import.
 * **Import-time side effects** neutralised without touching a rule: CUTLASS
-  MLA's CUDA workspace goes to the ``meta`` device.
+  MLA's CUDA workspace goes to the ``meta`` device; the CUTLASS GEMM
+  capability queries some modules make when they load answer False
+  (``QUERIES_AT_IMPORT``); ``HOST_FACTS`` (Triton has a GPU backend).
+* **GPU steps after every check** of the constructor they sit in (DCP
+  symmetric-memory workspaces, a FlashInfer CUDA buffer) are recorders while
+  a cell starts (``GPU_STEPS``); the cell's notes name those reached.
 * **The current vLLM config** is a stand-in whose sections are vLLM's own
   config classes (``ParallelConfig``, ``CacheConfig``, ``AttentionConfig``,
   ``SchedulerConfig``, ``CompilationConfig``, ``KernelConfig``) and whose
@@ -82,9 +86,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
-import json
 import logging
-import math
 import types
 import warnings
 from pathlib import Path
@@ -230,6 +232,8 @@ class VLLMEngine:
             self._setup()
         except AdapterError as exc:  # every cell reports it (verdict error)
             self._setup_error = exc
+        except Exception as exc:  # whatever else breaks the setup is the adapter's too
+            self._setup_error = self._fail("setup", f"{type(exc).__name__}: {exc}")
 
     # -- setup: find what this release provides --------------------------------------------
     def _fail(self, step: str, message: str) -> AdapterError:
@@ -324,8 +328,9 @@ class VLLMEngine:
         self._enum = find("import", "the attention backend enum",
                           ("vllm.v1.attention.backends.registry:AttentionBackendEnum",
                            "vllm.attention.backends.registry:AttentionBackendEnum"))
-        self._selector = find("import", "the attention selector module",
-                              ("vllm.v1.attention.selector", "vllm.attention.selector"))
+        find("import", "the attention selector module", ("vllm.v1.attention.selector",))
+        self._cache_owners = [importlib.import_module(m) for m in CACHED_BY_CONFIG
+                              if importlib.util.find_spec(m) is not None]
         self._mla_layer = find("import", "the MLA attention layer",
                                ("vllm.model_executor.layers.attention.mla_attention:MLAAttention",
                                 "vllm.model_executor.layers.attention:MLAAttention",
@@ -399,7 +404,10 @@ class VLLMEngine:
         steps = []
         for target, what in GPU_STEPS.items():
             module_name, _, name = target.partition(":")
-            module = importlib.import_module(module_name)
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:  # this release has no such module: it runs no such step
+                continue
             if hasattr(module, name):
                 steps.append((module, name, what))
         return steps
@@ -456,22 +464,21 @@ class VLLMEngine:
         reached: list[str] = []
         with _quiet.quiet(), self._dcp_group(cell.dcp), self._gpu_steps_recorded(reached), \
                 self._import_time_answers(), _host_facts(), self._set_config(vllm_config):
-            # 1. VllmConfig.__post_init__ runs this before any layer (or backend) exists.
+            # 1. VllmConfig.__post_init__, before any layer (or backend) exists.
             with self._stand_ins_report("config layer"):
                 model_config.verify_with_parallel_config(parallel)
                 for step in self._post_init_steps:  # later in VllmConfig.__post_init__, in this order
                     if step != "_set_cudagraph_sizes" or self._platform.support_static_graph_mode():
                         getattr(vllm_config, step)()
-            # Worker.init_device: the model dtype on this GPU.
+            # 2. Worker.init_device: the model dtype on this GPU.
             with self._stand_ins_report("worker"):
                 self._platform.check_if_supports_dtype(model_config.dtype)
-            # GPUModelRunner.__init__: the speculator of the configured method.
-            speculator = None
+            #    GPUModelRunner.__init__: the speculator of the configured method.
             if spec.enabled:
                 with self._stand_ins_report("speculator"):
-                    speculator = self._init_speculator(vllm_config, self._torch.device(BUILDER_DEVICE),
+                    self._init_speculator(vllm_config, self._torch.device(BUILDER_DEVICE),
                                                        req_states=None)
-            # 2./3. Worker.load_model: the target's attention layer, then the drafter's.
+            # 3. Worker.load_model: the target's attention layer, then the drafter's.
             with self._stand_ins_report("attention layer"), self._default_dtype(model_config.dtype):
                 self._clear_config_caches()
                 num_layers = model_config.get_total_num_hidden_layers()
@@ -703,10 +710,9 @@ class VLLMEngine:
         classmethods may key by configuration alone; every cached function of
         ``CACHED_BY_CONFIG`` and of the platform classes is cleared per cell.
         """
-        owners: list[Any] = [importlib.import_module(m) for m in CACHED_BY_CONFIG if importlib.util.find_spec(m)]
-        owners += [vars(k) for k in self._platform_cls.__mro__]
-        for owner in owners:
-            for value in (owner if isinstance(owner, Mapping) else vars(owner)).values():
+        namespaces = [vars(m) for m in self._cache_owners] + [vars(k) for k in self._platform_cls.__mro__]
+        for namespace in namespaces:
+            for value in namespace.values():
                 function = getattr(value, "__func__", value)
                 if callable(getattr(function, "cache_clear", None)):
                     function.cache_clear()
@@ -833,7 +839,6 @@ class _ModelConfigView:
             return member
         default = _field_default_of(type(self).vllm_cls, name)
         if default is not _NO_MEMBER:
-            _DEFAULTS_READ[name] = default
             return default
         raise _StandInMissing(f"vLLM read ModelConfig.{name}, which the adapter's model-config view does not carry")
 
@@ -871,8 +876,6 @@ def _vllm_member(owner: Any, name: str) -> Any:
 
 #: ``_vllm_member``'s answer for a name that is no property or method of the vLLM class.
 _NO_MEMBER = object()
-#: ModelConfig fields the view answered with their defaults (name → value), for the docs.
-_DEFAULTS_READ: dict[str, Any] = {}
 
 
 def _field_default_of(cls: type, name: str) -> Any:
