@@ -1,22 +1,46 @@
-"""The real vLLM adapter, run inside .venv-vllm (skipped when that venv is absent)."""
+"""The real vLLM adapter, run inside each release's venv (skipped when a venv is absent).
+
+``.venv-vllm`` holds vllm 0.34.0, ``.venv-vllm-0.33.0`` vllm 0.33.0; every
+expected text here was read in that release's source. The adapter-error tests
+use a fake ``vllm`` package in a pytester run and need no venv.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import textwrap
+
+import pytest
 
 from ._venv import ROOT, run_matrix, venv_python
+
+pytest_plugins = ["pytester"]
 
 MATRIX = ROOT / "matrix" / "vllm.toml"
 NARROW = ("--mla-select=model=deepseek-v3,mla-64", "--mla-select=backend=TOKENSPEED_MLA,FLASHMLA",
           "--mla-select=dcp=1", "--mla-select=spec=none", "--mla-select=page_size=64")
+VENVS = [pytest.param(".venv-vllm", "0.34.0", id="vllm-0.34.0"),
+         pytest.param(".venv-vllm-0.33.0", "0.33.0", id="vllm-0.33.0")]
 
 
-def test_narrow_matrix_passes_against_the_real_engine(tmp_path):
-    python = venv_python(".venv-vllm")
+def _report(report_dir):
+    return json.loads(next(report_dir.glob("vllm-*.json")).read_text())
+
+
+def _cells(report_dir):
+    return {c["id"]: c for c in _report(report_dir)["cells"]}
+
+
+@pytest.mark.parametrize("venv, version", VENVS)
+def test_narrow_matrix_passes_against_each_release(tmp_path, venv, version):
+    python = venv_python(venv)
     result = run_matrix(python, MATRIX, tmp_path, *NARROW)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "24 passed" in result.stdout  # 2 models x 2 backends x 3 archs x 2 KV dtypes
+    assert _report(tmp_path)["run"]["engine"]["version"] == version
 
 
 def test_compiled_extension_reasons_never_reach_a_verdict(tmp_path):
@@ -52,13 +76,265 @@ def test_config_layer_and_priority_walk(tmp_path):
                         "--mla-select=backend=auto", "--mla-select=dcp=2", "--mla-select=spec=none",
                         "--mla-select=arch=sm80", "--mla-select=kv_dtype=fp8", "--mla-select=page_size=64")
     assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(next(tmp_path.glob("vllm-*.json")).read_text())
-    outcomes = {c["id"]: c["outcome"] for c in report["cells"]}
+    outcomes = {cid: c["outcome"] for cid, c in _cells(tmp_path).items()}
     gqa = outcomes["qwen2.5-7b/auto/dcp2/none/sm80/kv-fp8/page64"]
     assert gqa["message"].startswith("Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` (2) "
                                      "to be greater than the model's total number of KV heads (4).")
     walk = outcomes["mqa-96/auto/dcp2/none/sm80/kv-fp8/page64"]
     assert walk["message"].startswith("No valid attention backend found for cuda with AttentionSelectorConfig(")
     assert "TRITON_ATTN: [DCP not supported]" in walk["message"]
-    mla = outcomes["deepseek-v3/auto/dcp2/none/sm80/kv-fp8/page64"]  # TRITON_MLA: returns its LSE under DCP
-    assert mla["kind"] == "accepted", mla
+    # TRITON_MLA is the only MLA backend valid on SM80; its impl refuses FP8 KV there (SM89+).
+    mla = outcomes["deepseek-v3/auto/dcp2/none/sm80/kv-fp8/page64"]
+    assert mla["kind"] == "rejected"
+    assert mla["message"].startswith("FP8 KV cache is not supported by the Triton MLA backend on ")
+
+
+@pytest.mark.parametrize("venv, version", VENVS)
+def test_layer_constructors_refuse_after_a_valid_selection(tmp_path, venv, version):
+    """The impl's constructor and the MLA prefill selection run as the layer builds them.
+
+    TRITON_MLA's selector takes every arch and FP8 KV; ``TritonMLAImpl.__init__``
+    refuses FP8 below SM89. mla-64's 64/64/64 dims pass TRITON_MLA's selector,
+    but no MLA prefill backend takes them (``get_mla_prefill_backend``).
+    """
+    python = venv_python(venv)
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-select=model=deepseek-v3,mla-64",
+                        "--mla-select=backend=TRITON_MLA", "--mla-select=dcp=1", "--mla-select=spec=none",
+                        "--mla-select=page_size=64")
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = _cells(tmp_path)
+    assert len(cells) == 12
+    fp8_sm80 = cells["deepseek-v3/TRITON_MLA/dcp1/none/sm80/kv-fp8/page64"]["outcome"]
+    assert fp8_sm80["kind"] == "rejected" and fp8_sm80["error"] == "ValueError"
+    assert "(compute capability 8.0); native FP8 (fp8e4nv) requires SM89+." in fp8_sm80["message"]
+    assert cells["deepseek-v3/TRITON_MLA/dcp1/none/sm90/kv-fp8/page64"]["outcome"]["kind"] == "accepted"
+    prefill = cells["mla-64/TRITON_MLA/dcp1/none/sm90/kv-auto/page64"]["outcome"]
+    assert prefill["message"].startswith("No valid MLA prefill backend found with MLAPrefillSelectorConfig(")
+    # The impl's FP8 refusal comes first: the layer builds the impl before selecting the prefill backend.
+    assert cells["mla-64/TRITON_MLA/dcp1/none/sm80/kv-fp8/page64"]["outcome"]["message"].startswith("FP8 KV cache")
+
+
+SPEC_MATRIX = """
+[engine]
+name = "vllm"
+version = "*"
+
+[axes]
+model     = ["deepseek-v3", "llama-3.1-8b"]
+backend   = ["auto"]
+dcp       = [1]
+spec      = ["none", "eagle-1x3", "eagle-1x2047", "eagle-1x2048", "mtp-4096"]
+arch      = ["sm90"]
+kv_dtype  = ["auto"]
+page_size = [64]
+
+# config/vllm.py VllmConfig._set_max_num_scheduled_tokens: the scheduler's token budget
+# (SchedulerConfig's default max_num_batched_tokens, 2048) must exceed the lookahead slots
+# (EAGLE / MTP: num_speculative_tokens).
+[[rule]]
+when = { spec = "eagle-1x2048" }
+reject = { error = "ValueError", message = "VllmConfig does not have enough slots to schedule a token and support the speculative decoding settings. Got max_num_batched_tokens=2048 and num_lookahead_tokens=2048." }
+
+[[rule]]
+when = { spec = "mtp-4096" }
+reject = { error = "ValueError", message = "VllmConfig does not have enough slots to schedule a token and support the speculative decoding settings. Got max_num_batched_tokens=2048 and num_lookahead_tokens=4096." }
+"""
+
+
+@pytest.mark.parametrize("venv, version", VENVS)
+def test_a_speculative_setting_refused_at_start_up(tmp_path, venv, version):
+    """vLLM's own spec check refuses a draft longer than the scheduler's budget; one token less passes."""
+    python = venv_python(venv)
+    matrix = tmp_path / "spec.toml"
+    matrix.write_text(SPEC_MATRIX)
+    result = run_matrix(python, matrix, tmp_path / "reports")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "10 passed" in result.stdout
+    cells = _cells(tmp_path / "reports")
+    assert cells["deepseek-v3/auto/dcp1/eagle-1x2047/sm90/kv-auto/page64"]["outcome"]["kind"] == "accepted"
+
+
+@pytest.mark.parametrize("venv, version", VENVS)
+def test_spec_reaches_the_cuda_graph_resolution_with_the_verify_length(tmp_path, venv, version):
+    """CUTLASS_MLA's FULL decode graphs take one query token: a verify step of 4 lowers the mode (a note).
+
+    ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` sees the decode query
+    length 1 + num_speculative_tokens; the spec-less cell keeps the default mode.
+    """
+    python = venv_python(venv)
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-select=model=deepseek-v3", "--mla-select=backend=CUTLASS_MLA",
+                        "--mla-select=dcp=1", "--mla-select=arch=sm100", "--mla-select=kv_dtype=auto",
+                        "--mla-select=page_size=128")
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = _cells(tmp_path)
+    spec = cells["deepseek-v3/CUTLASS_MLA/dcp1/eagle-1x3/sm100/kv-auto/page128"]
+    none = cells["deepseek-v3/CUTLASS_MLA/dcp1/none/sm100/kv-auto/page128"]
+    assert spec["outcome"]["kind"] == none["outcome"]["kind"] == "accepted"
+    assert spec.get("notes") == ["cudagraph_mode FULL_AND_PIECEWISE lowered to PIECEWISE: CutlassMLABackend "
+                                 "supports UNIFORM_SINGLE_TOKEN_DECODE (decode query length 4)"]
+    assert not none.get("notes")
+
+
+def test_a_draft_tree_is_an_adapter_error_not_a_refusal(tmp_path):
+    """vLLM's SpeculativeConfig has no topk: an ``eagle-4x3`` cell cannot be configured (verdict error)."""
+    python = venv_python(".venv-vllm")
+    matrix = tmp_path / "tree.toml"
+    matrix.write_text(SPEC_MATRIX.replace('"eagle-1x3", "eagle-1x2047", "eagle-1x2048", "mtp-4096"', '"eagle-4x3"')
+                      .split("# config/vllm.py")[0])
+    result = run_matrix(python, matrix, tmp_path / "reports")
+    assert result.returncode == 1, result.stdout
+    cells = _cells(tmp_path / "reports")
+    tree = cells["deepseek-v3/auto/dcp1/eagle-4x3/sm90/kv-auto/page64"]
+    assert tree["verdict"] == "error"
+    assert tree["reason"] == ("adapter error: adapter step 'spec' failed on vllm 0.34.0: 'eagle-4x3': vLLM's "
+                              "SpeculativeConfig has no draft tree (topk); only chains (eagle-1xK, mtp-K) "
+                              "can be configured")
+    assert cells["deepseek-v3/auto/dcp1/none/sm90/kv-auto/page64"]["verdict"] == "pass"
+
+
+MISSING_FIELD_PLUGIN = '''
+from pytest_mla.engines import vllm
+
+
+def pytest_configure(config):
+    vllm.MODEL_INFO.clear()  # the adapter's registry answer loses is_hybrid, which vLLM reads
+'''
+
+
+def test_a_field_the_stand_ins_lack_is_an_adapter_error(tmp_path, monkeypatch):
+    """vLLM reading something the adapter does not carry is ``error`` naming the step, never a refusal."""
+    python = venv_python(".venv-vllm")
+    (tmp_path / "lose_is_hybrid.py").write_text(MISSING_FIELD_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.fspath(tmp_path))
+    result = run_matrix(python, MATRIX, tmp_path / "reports", "-p", "lose_is_hybrid", *NARROW,
+                        "--mla-select=arch=sm90")
+    assert result.returncode == 1, result.stdout + result.stderr
+    cells = _cells(tmp_path / "reports")
+    accepted = cells["deepseek-v3/FLASHMLA/dcp1/none/sm90/kv-auto/page64"]
+    assert accepted["verdict"] == "error"
+    assert accepted["reason"] == ("adapter error: adapter step 'block size' failed on vllm 0.34.0: "
+                                  "vLLM read _ModelInfo.is_hybrid, which the adapter does not carry")
+    # A refusal raised before that step is still the engine's.
+    refused = cells["deepseek-v3/TOKENSPEED_MLA/dcp1/none/sm90/kv-fp8/page64"]
+    assert refused["verdict"] == "pass" and refused["outcome"]["kind"] == "rejected"
+
+
+@pytest.mark.parametrize("venv, version", VENVS)
+def test_registered_backends_cover_the_whole_enum(venv, version):
+    """Every AttentionBackendEnum member, MLA-capable as its class's is_mla() (or its source) says."""
+    python = venv_python(venv)
+    script = textwrap.dedent("""
+        import json
+        from pytest_mla.engines.vllm import VLLMEngine
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        engine = VLLMEngine()
+        print(json.dumps({"members": [m.name for m in AttentionBackendEnum],
+                          "backends": engine.registered_backends()}))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([os.fspath(python), "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    backends = answer["backends"]
+    assert sorted(backends) == sorted(answer["members"])
+    for name in ("TRITON_MLA", "FLASHMLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "CUTLASS_MLA", "TOKENSPEED_MLA",
+                 "FLASHMLA_SPARSE", "ROCM_AITER_MLA", "CPU_MLA"):
+        assert backends[name] is True, name
+    for name in ("TRITON_ATTN", "FLASH_ATTN", "FLASHINFER", "FLEX_ATTENTION", "TURBOQUANT", "TORCH_SDPA", "CUSTOM",
+                 "NO_ATTENTION"):
+        assert backends[name] is False, name
+    # Does not import on a CPU machine (CUDA asserted at import): read from its source, an MLA backend.
+    assert backends["ROCM_FLASHMLA_SPARSE_DSV4"] is True
+
+
+# -- the adapter's own failures, with a fake engine -------------------------------------------
+
+FAKE_METADATA = "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n"
+FAKE_MODULES = {
+    # A vLLM whose CUDA platform class moved: the adapter cannot fake the arch.
+    "no-cuda-platform": {
+        "vllm/__init__.py": "",
+        "vllm/platforms/__init__.py": "current_platform = None\n",
+        "vllm/platforms/cuda.py": "class SomethingElse:\n    pass\n",
+        "vllm/platforms/interface.py": "class DeviceCapability:\n    def __init__(self, major, minor):\n"
+                                       "        self.major, self.minor = major, minor\n",
+    },
+    # The platform is there, the config classes are not.
+    "no-config": {
+        "vllm/__init__.py": "",
+        "vllm/platforms/__init__.py": "current_platform = None\n",
+        "vllm/platforms/cuda.py": textwrap.dedent("""
+            class NonNvmlCudaPlatform:
+                @classmethod
+                def get_device_capability(cls, device_id=0):
+                    raise ValueError("a real vLLM would ask the GPU")
+
+                @classmethod
+                def get_attn_backend_cls(cls, *args, **kwargs):
+                    raise ValueError("Selected backend is not valid for this configuration")
+
+                @classmethod
+                def device_count(cls):
+                    return 1
+        """),
+        "vllm/platforms/interface.py": "class DeviceCapability:\n    def __init__(self, major, minor):\n"
+                                       "        self.major, self.minor = major, minor\n",
+        "vllm/v1/__init__.py": "",
+        "vllm/v1/attention/__init__.py": "",
+        "vllm/v1/attention/backends/__init__.py": "",
+        "vllm/v1/attention/backends/mla/__init__.py": "",
+        "vllm/v1/attention/backends/mla/cutlass_mla.py": "",
+        "vllm/_custom_ops.py": "",
+    },
+}
+FAKE_STEPS = {
+    "no-cuda-platform": ("platform", "vLLM's CUDA platform class not found; tried vllm.platforms.cuda:NonNvmlCudaPlatform "
+                                     "(no attribute 'NonNvmlCudaPlatform'); vllm.platforms.cuda:CudaPlatform "
+                                     "(no attribute 'CudaPlatform')"),
+    "no-config": ("import", "vllm.config.ModelConfig not found; tried vllm.config "
+                            "(ModuleNotFoundError: No module named 'vllm.config')"),
+}
+FAKE_MATRIX = """
+[engine]
+name = "vllm"
+version = "*"
+
+[axes]
+model   = ["deepseek-v3"]
+backend = ["TRITON_MLA", "TRITON_ATTN"]
+dcp     = [1]
+spec    = ["none"]
+arch    = ["sm90"]
+
+# What a real vLLM says; an adapter that cannot drive the engine must not pass or fail these.
+[[rule]]
+when = { backend = "TRITON_ATTN" }
+reject = { error = "ValueError", match = "^Selected backend" }
+"""
+
+
+@pytest.mark.parametrize("fake", sorted(FAKE_MODULES))
+def test_an_engine_the_adapter_cannot_drive_is_error_naming_step_and_version(pytester, monkeypatch, fake):
+    """Every cell is ``error`` with the adapter's step and the engine version, never an engine verdict."""
+    root = pytester.path / "fakevllm"
+    for name, text in FAKE_MODULES[fake].items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    dist = root / "vllm-9.9.9.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(FAKE_METADATA)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.fspath(root), os.environ.get("PYTHONPATH", "")]))
+    pytester.makefile(".toml", m=FAKE_MATRIX)
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "--mla-kernel=off", "-p", "no:xdist",
+                                           "--mla-report-dir=reports", "--mla-report-name=m")
+    result.assert_outcomes(failed=2)  # verdict error fails its test item
+    result.stdout.fnmatch_lines(["*: error", "*adapter error: adapter step*"])
+    doc = json.loads((pytester.path / "reports" / "m.json").read_text())
+    step, message = FAKE_STEPS[fake]
+    expected = f"adapter error: adapter step '{step}' failed on vllm 9.9.9: {message}"
+    for cell in doc["cells"]:
+        assert cell["verdict"] == "error", cell
+        assert cell["outcome"]["kind"] == "crashed" and cell["outcome"]["error"] == "AdapterError"
+        assert cell["reason"] == expected
