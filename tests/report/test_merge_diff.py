@@ -41,7 +41,7 @@ def test_merge_two_arch_hosts_into_one_table():
     cell = find(merged, "deepseek-v3/triton/dcp1/none/sm100")
     assert cell["kernel"]["status"] == "verified" and cell["kernel"]["where"] == "sm100"
     assert cell["kernel_runs"][0]["host"].startswith("sm100")
-    md = render_markdown(merged)
+    md = render_markdown(merged, view="grid")
     triton = next(line for line in md.splitlines() if line.startswith("| triton"))
     assert "sm90 · none" in md and "sm100 · none" in md and triton.count("✅") == 4
     assert "merged from 2 runs (host archs: sm100, sm90)" in md
