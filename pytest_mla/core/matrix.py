@@ -347,7 +347,7 @@ class _Builder:
         xfail = item.get("xfail")
         if xfail is not None and (not isinstance(xfail, str) or not xfail.strip()):
             self.problem(at + ("xfail",), f"xfail must be a reason string, got {xfail!r}")
-        if outcome is None and xfail is None:
+        if outcome is None and xfail is None and not given:
             self.problem(at, "a rule needs an outcome: reject = {...}, accept = true, skip = \"reason\", "
                              "or xfail = \"reason\"")
         versions = None

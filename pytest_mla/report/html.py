@@ -178,7 +178,7 @@ def _short(c: Mapping[str, Any], state: str) -> str:
         o = c.get("outcome") or {}
         return f"{o.get('error')}: {o.get('message')}"
     if c.get("reason"):
-        return str(c["reason"]).strip().splitlines()[0]
+        return reason_line(c["reason"])
     k = c.get("kernel") or {}
     if k.get("status") == "not-run":
         return f"kernel not run: {k.get('reason')}"

@@ -369,7 +369,7 @@ class ReportModel:
         for c in self.cells:
             runs = c.get("kernel_runs") or ([c["kernel"]] if c.get("kernel") else [])
             for k in runs:
-                if k and k.get("status") in ("verified", "failed") and k.get("where"):
+                if k and k.get("status") in (VERIFIED, KERNEL_FAILED) and k.get("where"):
                     wheres.add(str(k["where"]))
         return sorted(wheres)
 

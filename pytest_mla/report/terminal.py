@@ -13,7 +13,9 @@ import unicodedata
 from typing import Any, Mapping
 
 from .backends import BackendsView, build_backends_view
-from .model import SYMBOLS, Notes, ReportModel, format_key, verdict_counts
+from .model import (
+    ACCEPTED, BAD, KERNEL_FAILED, REJECTED, SYMBOLS, VERIFIED, XFAIL, Notes, ReportModel, format_key, verdict_counts,
+)
 
 VIEWS = ("grid", "backends", "all")
 
@@ -55,8 +57,8 @@ def _head(model: ReportModel) -> str:
     parts = verdict_counts(model.counts())
     kernels = model.kernel_counts()
     head = f"{run.get('matrix') or 'matrix'}: {len(model.cells)} cells, " + ", ".join(parts or ["none"])
-    if kernels.get("verified") or kernels.get("failed"):
-        head += f"; kernels {kernels.get('verified', 0)} verified, {kernels.get('failed', 0)} failed"
+    if kernels.get(VERIFIED) or kernels.get(KERNEL_FAILED):
+        head += f"; kernels {kernels.get(VERIFIED, 0)} verified, {kernels.get(KERNEL_FAILED, 0)} failed"
     return head
 
 
@@ -84,13 +86,7 @@ def render_backends_text(view: BackendsView) -> str:
 
 
 def _grid(model: ReportModel, width: int) -> str:
-    run = model.run
-    counts = model.counts()
-    parts = verdict_counts(counts)
-    kernels = model.kernel_counts()
-    head = f"{run.get('matrix') or 'matrix'}: {len(model.cells)} cells, " + ", ".join(parts or ["none"])
-    if kernels.get("verified") or kernels.get("failed"):
-        head += f"; kernels {kernels.get('verified', 0)} verified, {kernels.get('failed', 0)} failed"
+    head = _head(model)
     lines = [head]
     if not model.cells:
         return head
@@ -117,7 +113,7 @@ def _grid(model: ReportModel, width: int) -> str:
     for rk, row in zip(table.row_keys, grid):
         lines.append((_pad(format_key(r_axes, rk), label_w)
                       + "".join(_pad(c, w) for c, w in zip(row[:shown], col_w))).rstrip())
-    legend = " ".join(f"{SYMBOLS[s]} {s}" for s in ("verified", "accepted", "rejected", "xfail", "bad"))
+    legend = " ".join(f"{SYMBOLS[s]} {s}" for s in (VERIFIED, ACCEPTED, REJECTED, XFAIL, BAD))
     probes = "; probes left out: " + ", ".join(f"{a} {', '.join(str(v) for v in vals)}"
                                               for a, vals in model.probes.items()) if model.probes else ""
     lines.append(f"({legend}; ◐ k/n accepted in k of n; over {', '.join(hidden) or 'nothing'}{probes})")
