@@ -194,7 +194,7 @@ def build_backends_view(model: ReportModel) -> BackendsView:
         backends = [b for b in model.feature_axes.get("backend", []) if b in by_backend]
         served = [b for b in backends if any(cell_state(c) != REJECTED for c in by_backend[b])]
         rows = [_row(model, b, by_backend[b], columns, plain, notes) for b in served]
-        refused = [_refused(b, by_backend[b], plain, notes) for b in backends if b not in served]
+        refused = [_refused(model, b, by_backend[b], plain, notes) for b in backends if b not in served]
         if rows or refused:
             families.append(Family(mla, tuple(models), tuple(rows), tuple(refused)))
     return BackendsView(columns, families, _probe_answers(model), notes, plain)
@@ -331,10 +331,11 @@ def _engine_note_refs(model: ReportModel, accepted: Sequence[Mapping[str, Any]],
     return refs
 
 
-def _refused(backend: Any, cells: list[Mapping[str, Any]], plain: Mapping[str, Any], notes: Notes) -> Refused:
+def _refused(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], plain: Mapping[str, Any],
+             notes: Notes) -> Refused:
     pinned = [(a, plain[a]) for a in ("spec", "dcp") if a in plain]
     plain_cells = [c for c in cells if all(c["coords"].get(a) == v for a, v in pinned)] or cells
-    return Refused(backend, tuple(_refusal_refs(plain_cells, notes)))
+    return Refused(backend, tuple(_refusal_refs(_Space(model, plain_cells), plain_cells, notes)))
 
 
 def _counts(cell: Mapping[str, Any], column: Column, twins: _Twins, plain: Mapping[str, Any]) -> bool:
@@ -363,7 +364,7 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
         state = VERIFIED if any(_kernel_verified(c) for c in ok) else ACCEPTED
     elif refused and not ok:
         state = REJECTED
-        refs += _refusal_refs(refused, notes)
+        refs += _refusal_refs(space, refused, notes)
     else:
         state = "partial"
         refs.append(_condition_note(space, ok, refused, notes))
@@ -372,8 +373,20 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
     return Entry(state, tuple(dict.fromkeys(refs)))
 
 
-def _refusal_refs(refused: Sequence[Mapping[str, Any]], notes: Notes) -> list[int]:
-    return list(dict.fromkeys(notes.ref(rejection_text(c)) for c in refused))
+#: A ❌ cites up to this many refusals itself; more go into one note that cites them all.
+MAX_INLINE_REFUSALS = 2
+_AXIS_NAMES = {"model": "the model", "dcp": "the DCP size", "spec": "the speculative setting", "arch": "the arch",
+               "kv_dtype": "the KV dtype", "page_size": "the page size", "tp": "TP", "backend": "the backend"}
+
+
+def _refusal_refs(space: "_Space", refused: Sequence[Mapping[str, Any]], notes: Notes) -> list[int]:
+    """The notes quoting these refusals (each text once); many texts are cited from one note that says why."""
+    numbers = list(dict.fromkeys(notes.ref(rejection_text(c)) for c in refused))
+    if len(numbers) <= MAX_INLINE_REFUSALS:
+        return numbers
+    axes = space.deciding_axes(refused, rejection_text)
+    words = _join([_AXIS_NAMES.get(a, a) for a in axes], "and") or "the configuration"
+    return [notes.ref(f"refused; the engine's message depends on {words}: {_cite(numbers)}", links=numbers)]
 
 
 def _cite(numbers: Sequence[int]) -> str:
@@ -396,10 +409,11 @@ def _condition_note(space: "_Space", ok: Sequence[Mapping[str, Any]], refused: S
         cited = list(refusal_numbers.values())
         text = f"only {space.phrase(only_clauses[0])}; refused otherwise: {_cite(cited)}"
     elif not_clauses is not None:
-        parts, cited = [], []
+        parts, cited, seen = [], [], set()
         for clause in not_clauses:
-            inside = [refusal_numbers[rejection_text(c)] for c in refused if space.inside(c, clause)]
-            numbers = list(dict.fromkeys(inside))
+            fresh = [c for c in refused if space.inside(c, clause) and id(c) not in seen]
+            seen.update(id(c) for c in fresh)
+            numbers = list(dict.fromkeys(refusal_numbers[rejection_text(c)] for c in fresh))
             cited += numbers
             parts.append(f"not {space.phrase(clause)} (refused: {_cite(numbers)})")
         text = "; ".join(parts)
@@ -614,6 +628,18 @@ class _Space:
             out.append(named)
         return out
 
+    def deciding_axes(self, cells: Sequence[Mapping[str, Any]], text_of: Callable[[Mapping[str, Any]], str]) -> list[str]:
+        """The axes along which ``text_of`` changes between cells that differ in that axis alone."""
+        out = []
+        for i, axis in enumerate(self.axes):
+            texts: dict[tuple[Any, ...], set[str]] = {}
+            for c in cells:
+                p = self.point(c)
+                texts.setdefault(p[:i] + p[i + 1:], set()).add(text_of(c))
+            if any(len(t) > 1 for t in texts.values()):
+                out.append(axis)
+        return out or list(self.axes)
+
     def where(self, chosen: Sequence[Mapping[str, Any]], others: Sequence[Mapping[str, Any]]) -> str:
         """Where ``chosen`` (and none of ``others``) lie, in words; "" when they are all there is."""
         if not others:
@@ -630,7 +656,11 @@ class _Space:
         for axis in self.axes:
             if axis in clause:
                 values = sorted(clause[axis], key=lambda v, a=axis: self.model.order[a].get(v, 1 << 30))
-                parts.append(_axis_words(axis, values))
+                left_out = [v for v in self.values[axis] if v not in clause[axis]]
+                if axis == "model" and len(values) > 1 and len(left_out) == 1:
+                    parts.append(f"for every model but {left_out[0]}")
+                else:
+                    parts.append(_axis_words(axis, values))
         return ", ".join(parts) if parts else "anywhere"
 
 
