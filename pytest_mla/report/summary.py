@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.records import CellRecord, kernel_of
-from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, VERDICTS, VERIFIED
+from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, VERIFIED
 from .model import reason_line, verdict_counts
 
 __all__ = ["build_summary", "worst_kernel_errors"]
