@@ -47,7 +47,9 @@ Pure Python, no I/O; ``markdown.py`` and ``html.py`` render the result.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import operator
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core.cells import AXES
@@ -69,6 +71,8 @@ LEGEND = (
     (SKIPPED, "not applicable"),
 )
 
+#: The axes a column's test reads.
+_SELECT_AXES = ("arch", "spec", "dcp", "kv_dtype", "page_size")
 #: Axes whose plain value is "any other value" (a page size has no default).
 _ANY_AXES = ("arch", "page_size")
 #: Conditions give up beyond this many products of axis values, or of constrained axes in one.
@@ -183,8 +187,9 @@ def build_backends_view(model: ReportModel) -> BackendsView:
     plain = _plain_values(model)
     columns = _columns(model, plain)
     families = []
+    kinds = {m: model.is_mla(m) for m in model.feature_axes.get("model", [])}
     for mla in (True, False, None):
-        models = [m for m in model.feature_axes.get("model", []) if model.is_mla(m) is mla]
+        models = [m for m, kind in kinds.items() if kind is mla]
         if not models:
             continue
         cells = [c for c in model.feature_cells if (c.get("coords") or {}).get("model") in models]
@@ -192,12 +197,13 @@ def build_backends_view(model: ReportModel) -> BackendsView:
         for c in cells:
             by_backend.setdefault(c["coords"].get("backend"), []).append(c)
         backends = [b for b in model.feature_axes.get("backend", []) if b in by_backend]
-        served = [b for b in backends if any(cell_state(c) != REJECTED for c in by_backend[b])]
+        states = model.states
+        served = [b for b in backends if any(states[id(c)] != REJECTED for c in by_backend[b])]
         rows = [_row(model, b, by_backend[b], columns, plain, notes) for b in served]
         refused = [_refused(model, b, by_backend[b], plain, notes) for b in backends if b not in served]
         if rows or refused:
             families.append(Family(mla, tuple(models), tuple(rows), tuple(refused)))
-    return BackendsView(columns, families, _probe_answers(model), notes, plain)
+    return BackendsView(columns, families, build_probe_answers(model), notes, plain)
 
 
 def _plain_values(model: ReportModel) -> dict[str, Any]:
@@ -273,41 +279,54 @@ class _Twins:
 
     def __init__(self, axes: Sequence[str], cells: Sequence[Mapping[str, Any]]) -> None:
         self.axes = list(axes)
+        self.index = {a: i for i, a in enumerate(self.axes)}
         self.accepted: set[tuple[Any, ...]] = set()
         self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES if a in axes}
+        self.keys = {id(c): self.key(c["coords"]) for c in cells}
         for c in cells:
             if (c.get("outcome") or {}).get("kind") != ACCEPTED:
                 continue
-            key = self.key(c["coords"])
+            key = self.keys[id(c)]
             self.accepted.add(key)
             for a, index in self.accepted_any.items():
-                i = self.axes.index(a)
+                i = self.index[a]
                 index.setdefault(key[:i] + key[i + 1:], set()).add(key[i])
 
     def key(self, coords: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(coords.get(a) for a in self.axes)
+        return tuple(map(coords.get, self.axes))
 
-    def plain_accepted(self, coords: Mapping[str, Any], axis: str, plain: Mapping[str, Any]) -> bool:
-        """Whether the twin of ``coords`` with ``axis`` reset was accepted (no plain value: yes)."""
+    def plain_accepted(self, key: tuple[Any, ...], axis: str, plain: Mapping[str, Any]) -> bool:
+        """Whether the twin of the cell ``key`` with ``axis`` reset was accepted (no plain value: yes)."""
+        i = self.index[axis]
         if axis in self.accepted_any:
-            key = self.key(coords)
-            i = self.axes.index(axis)
-            others = self.accepted_any[axis].get(key[:i] + key[i + 1:], set())
-            return bool(others - {key[i]})
+            others = self.accepted_any[axis].get(key[:i] + key[i + 1:], ())
+            return any(v != key[i] for v in others)
         if axis not in plain:
             return True
-        return self.key({**coords, axis: plain[axis]}) in self.accepted
+        return key[:i] + (plain[axis],) + key[i + 1:] in self.accepted
 
 
 def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
          plain: Mapping[str, Any], notes: Notes) -> Row:
     twins = _Twins(list(model.axes), cells)
-    accepted = [c for c in cells if cell_state(c) in (VERIFIED, ACCEPTED)]
+    accepted = [c for c in cells if model.state(c) in (VERIFIED, ACCEPTED)]
     row_refs = tuple(_engine_note_refs(model, accepted, notes))  # numbered first: the name comes first
-    entries = []
-    for column in columns:
-        chosen = [c for c in cells if column.test(c["coords"])]
-        entries.append(_entry(model, chosen, column, twins, plain, notes))
+    # Columns select by a few axes: test each distinct combination of them once, then sort
+    # the cells into their columns in one pass (a cell is in one to three columns).
+    present = [a for a in _SELECT_AXES if a in twins.index]
+    pick = operator.itemgetter(*[twins.index[a] for a in present]) if present else (lambda key: ())
+    keys = [pick(twins.keys[id(c)]) for c in cells]
+    if len(present) == 1:
+        keys = [(k,) for k in keys]
+    members: dict[tuple[Any, ...], list[int]] = {}
+    for k in set(keys):
+        coords = dict(zip(present, k))
+        members[k] = [i for i, column in enumerate(columns) if column.test(coords)]
+    chosen: list[list[Mapping[str, Any]]] = [[] for _ in columns]
+    for c, k in zip(cells, keys):
+        for i in members[k]:
+            chosen[i].append(c)
+    entries = [_entry(model, chosen[i], column, twins, plain, notes) for i, column in enumerate(columns)]
     verified, verified_refs = _verified_on(cells, notes)
     return Row(backend, row_refs, tuple(entries), verified, verified_refs)
 
@@ -338,19 +357,20 @@ def _refused(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], p
     return Refused(backend, tuple(_refusal_refs(_Space(model, plain_cells), plain_cells, notes)))
 
 
-def _counts(cell: Mapping[str, Any], column: Column, twins: _Twins, plain: Mapping[str, Any]) -> bool:
-    if (cell.get("outcome") or {}).get("kind") == ACCEPTED or cell_state(cell) in (BAD, XFAIL):
-        return True
-    return all(twins.plain_accepted(cell["coords"], axis, plain) for axis in column.reset)
-
-
 def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, twins: _Twins,
            plain: Mapping[str, Any], notes: Notes) -> Entry:
     if not cells:
         return Entry(MISSING)
-    counted = [c for c in cells if _counts(c, column, twins, plain)] or cells
+    all_states = model.states
+    if column.reset:
+        keys, reset, plain_accepted = twins.keys, column.reset, twins.plain_accepted
+        counted = [c for c in cells
+                   if (c.get("outcome") or {}).get("kind") == ACCEPTED or all_states[id(c)] in (BAD, XFAIL)
+                   or all(plain_accepted(keys[id(c)], axis, plain) for axis in reset)] or cells
+    else:  # an arch column: every cell counts
+        counted = cells
     space = _Space(model, counted)
-    states = [cell_state(c) for c in counted]
+    states = [all_states[id(c)] for c in counted]
     bugs = [c for c, s in zip(counted, states) if s in (BAD, XFAIL)]
     if bugs:
         return Entry("bug", tuple(_grouped_notes(space, bugs, counted, _bug_text, notes)))
@@ -458,8 +478,9 @@ def _others(cells: Sequence[Mapping[str, Any]], chosen: Sequence[Mapping[str, An
 def _kernel_runs(cell: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     runs = cell.get("kernel_runs")
     if runs:
-        return [r for r in runs if isinstance(r, Mapping)]
-    return [cell["kernel"]] if isinstance(cell.get("kernel"), Mapping) else []
+        return [r for r in runs if isinstance(r, dict)]
+    kernel = cell.get("kernel")
+    return [kernel] if isinstance(kernel, dict) else []
 
 
 def _kernel_verified(cell: Mapping[str, Any]) -> bool:
@@ -503,7 +524,8 @@ def _arch_order(where: str) -> int:
 
 
 # -- input validation -------------------------------------------------------------------
-def _probe_answers(model: ReportModel) -> list[ProbeAnswer]:
+def build_probe_answers(model: ReportModel) -> list[ProbeAnswer]:
+    """The "Input validation" section alone: each probe value with the engine's answers."""
     out: list[ProbeAnswer] = []
     for axis in [a for a in AXES if a in model.probes] + [a for a in model.probes if a not in AXES]:
         for value in model.probes[axis]:
@@ -542,16 +564,27 @@ class _Space:
 
     def __init__(self, model: ReportModel, cells: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()) -> None:
         self.model = model
-        seen: dict[str, set[Any]] = {}
-        for c in cells:
-            for a, v in (c.get("coords") or {}).items():
-                seen.setdefault(a, set()).add(v)
-        self.axes = [a for a in model.axes if a not in skip and len(seen.get(a, ())) > 1]
-        self.values = {a: sorted(seen[a], key=lambda v, a=a: model.order[a].get(v, 1 << 30)) for a in self.axes}
+        self.cells = cells
+        self.skip = skip
+
+    @functools.cached_property
+    def values(self) -> dict[str, list[Any]]:
+        """axis → the values it takes among the cells, for the axes that vary (computed when first needed)."""
+        out = {}
+        for a in self.model.axes:
+            if a in self.skip:
+                continue
+            seen = {(c.get("coords") or {}).get(a) for c in self.cells}
+            if len(seen) > 1:
+                out[a] = sorted(seen, key=lambda v, a=a: self.model.order[a].get(v, 1 << 30))
+        return out
+
+    @functools.cached_property
+    def axes(self) -> list[str]:
+        return list(self.values)
 
     def point(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
-        coords = cell.get("coords") or {}
-        return tuple(coords.get(a) for a in self.axes)
+        return tuple(map((cell.get("coords") or {}).get, self.axes))
 
     def inside(self, cell: Mapping[str, Any], clause: Mapping[str, set[Any]]) -> bool:
         coords = cell.get("coords") or {}
@@ -604,7 +637,7 @@ class _Space:
                         continue
                     for i in subset:  # widen each named axis while no forbidden cell comes in
                         for v in self.values[self.axes[i]]:
-                            if v in clause[i]:
+                            if v in clause[i] or not t_bits[i][v] & uncovered:
                                 continue
                             clause[i].add(v)
                             gained = members(t_bits, clause, uncovered) & t_bits[i][v]
@@ -691,5 +724,5 @@ def _axis_words(axis: str, values: Sequence[Any]) -> str:
     return f"with {axis} {text}"
 
 
-__all__ = ["build_backends_view", "COUNTING", "BackendsView", "Column", "Entry", "Family", "ProbeAnswer", "Refused", "Row",
-           "LEGEND", "SYMBOL"]
+__all__ = ["build_backends_view", "build_probe_answers", "COUNTING", "BackendsView", "Column", "Entry", "Family",
+           "ProbeAnswer", "Refused", "Row", "LEGEND", "SYMBOL"]

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import tabulate as _tabulate
 
 from .backends import LEGEND as BACKENDS_LEGEND
-from .backends import COUNTING, SYMBOL, BackendsView, build_backends_view
+from .backends import COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view, build_probe_answers
 from .model import LEGEND, SYMBOLS, Notes, ReportModel, format_key, reason_line, verdict_counts
 
 VIEWS = ("all", "backends", "grid")
@@ -86,13 +86,13 @@ def render_markdown(document: Mapping[str, Any], rows: Sequence[str] | None = No
     if view == "grid":
         assert grid is not None
         out += grid.lines(level=2)
-        out += _probes_section(build_backends_view(model), level=2)
+        out += _probes_section(build_probe_answers(model), level=2)
     else:
         backends = build_backends_view(model)
         if view == "all":
             out += ["## Attention backends", ""]
         out += _backends_section(backends, level=3 if view == "all" else 2)
-        out += _probes_section(backends, level=2)
+        out += _probes_section(backends.probes, level=2)
         if grid is not None:
             out += ["## Full matrix", ""]
             out += grid.lines(level=3)
@@ -101,8 +101,12 @@ def render_markdown(document: Mapping[str, Any], rows: Sequence[str] | None = No
 
 
 # -- backends view ----------------------------------------------------------------------
+#: Between an entry's symbol and its note numbers: GitHub wraps narrow columns, never inside an entry.
+NBSP = "\u00a0"
+
+
 def _cite(refs: Sequence[int]) -> str:
-    return "".join(f" [{n}]" for n in refs)
+    return "".join(f"{NBSP}[{n}]" for n in refs)
 
 
 def _backends_section(view: BackendsView, level: int) -> list[str]:
@@ -118,8 +122,8 @@ def _backends_section(view: BackendsView, level: int) -> list[str]:
         out.append(f"{h} {family.title}: {md_text(', '.join(family.models))}")
         out.append("")
         if family.rows:
-            rows = [[md_text(r.backend) + _cite(r.refs)] + [e.text for e in r.entries]
-                    + [md_text(r.verified) + _cite(r.verified_refs)] for r in family.rows]
+            rows = [[md_text(r.backend) + "".join(f" [{n}]" for n in r.refs)] + [e.symbol + _cite(e.refs) for e in r.entries]
+                    + [md_text(r.verified).replace(" ", NBSP) + _cite(r.verified_refs)] for r in family.rows]
             out.append(_github_table(rows, headers))
             out.append("")
         if family.refused:
@@ -140,15 +144,15 @@ def _columns_line(view: BackendsView) -> str:
     return "Columns: " + "; ".join(parts) + ". " + COUNTING
 
 
-def _probes_section(view: BackendsView, level: int) -> list[str]:
-    if not view.probes:
+def _probes_section(probes: Sequence[ProbeAnswer], level: int) -> list[str]:
+    if not probes:
         return []
     h = "#" * level
     out = [f"{h} Input validation", "",
            "These axis values are probes of the engine's own input checks: their cells run and are judged "
            "like every other, and are left out of the tables above.", ""]
     rows = []
-    for p in view.probes:
+    for p in probes:
         label = md_text(f"{p.axis} = {p.value}") if p.first else ""
         rows.append([label, str(p.cells), md_text(p.condition), f"{p.symbol} {md_text(p.text)}"])
     out.append(_github_table(rows, ["probe", "cells", "where", "the engine's answer"]))

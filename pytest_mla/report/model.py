@@ -238,6 +238,19 @@ class ReportModel:
         self.feature_axes: dict[str, list[Any]] = {a: [v for v in vals if v not in self.probes.get(a, ())]
                                                    for a, vals in self.axes.items()}
         self._case_mla: dict[Any, bool] | None = None
+        self._states: dict[int, str] = {}
+
+    @property
+    def states(self) -> dict[int, str]:
+        """``id(record)`` → ``cell_state(record)`` for every cell, computed once."""
+        if len(self._states) != len(self.cells):
+            self._states = {id(c): cell_state(c) for c in self.cells}
+        return self._states
+
+    def state(self, record: Mapping[str, Any]) -> str:
+        """``cell_state(record)``, computed once per record of this document."""
+        state = self.states.get(id(record))
+        return state if state is not None else cell_state(record)
 
     def is_probe(self, record: Mapping[str, Any]) -> bool:
         """Whether a coordinate of ``record`` is a probe value."""
@@ -257,7 +270,7 @@ class ReportModel:
             self._case_mla = {}
             for c in self.cells:
                 case = (c.get("kernel") or {}).get("case")
-                if isinstance(case, Mapping) and isinstance(case.get("mla"), bool):
+                if isinstance(case, dict) and isinstance(case.get("mla"), bool):
                     self._case_mla.setdefault((c.get("coords") or {}).get("model"), case["mla"])
         return self._case_mla.get(model)
 

@@ -115,14 +115,14 @@ EXPECTED_PROBES = [
 
 
 def table_after(md: str, heading: str) -> list[list[str]]:
-    """The rows of the first Markdown table after ``heading`` (header and separator dropped)."""
+    """The rows of the first Markdown table after ``heading``; the no-break spaces inside entries read as spaces."""
     lines = md.splitlines()
     i = lines.index(heading)
     while not lines[i].startswith("|"):
         i += 1
     rows = []
     while i < len(lines) and lines[i].startswith("|"):
-        rows.append([c.strip() for c in lines[i].strip("|").split(" | ")])
+        rows.append([c.strip().replace("\u00a0", " ") for c in lines[i].strip("|").split(" | ")])
         i += 1
     return rows
 
@@ -140,7 +140,7 @@ def test_the_table_is_the_one_worked_out_by_hand():
     assert mla[0] == HEADER and mla[2:] == EXPECTED_MLA
     non_mla = table_after(md, "## Non-MLA models: llama-3.1-8b")
     assert non_mla[0] == HEADER and non_mla[2:] == EXPECTED_NON_MLA
-    assert "Refused in every configuration: flashmla [10], trtllm\\_mla [5] [11]." in md
+    assert "Refused in every configuration: flashmla [10], trtllm\\_mla [5] [11]." in md.replace("\u00a0", " ")
     notes = section(md, "## Notes")
     assert notes == [f"{n}. {t}" for n, t in enumerate(EXPECTED_NOTES, start=1)]
     probes = table_after(md, "## Input validation")
