@@ -74,6 +74,12 @@ def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ResultFileError(f"{shown}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ResultFileError(f"{shown}: not a pytest-mla result file (not UTF-8 text)") from None
+    return parse_results(text, shown)
+
+
+def parse_results(text: str, shown: str = "<result>") -> dict[str, Any]:
+    """A result document from its text (``read_results`` without the file); ``shown`` names it in errors."""
+    text = text.removeprefix("\ufeff")
     if not text.lstrip().startswith("{"):
         what = "empty file" if not text.strip() else "not JSON"
         raise ResultFileError(f"{shown}: not a pytest-mla result file ({what})")
@@ -103,9 +109,12 @@ def check_document(doc: Any, shown: str = "<result>") -> dict[str, Any]:
                                   or key != "models" and not all(isinstance(v, list) for v in value.values())):
             raise ResultFileError(f"{shown}: malformed run.{key}: needs an object"
                                   + (" of lists" if key != "models" else ""))
+    first: dict[str, int] = {}
     for i, cell in enumerate(doc["cells"]):
         if not isinstance(cell, dict) or not isinstance(cell.get("id"), str) or "verdict" not in cell:
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: needs \"id\" and \"verdict\"")
+        if first.setdefault(cell["id"], i) != i:
+            raise ResultFileError(f"{shown}: cells[{i}] repeats cell {cell['id']!r} of cells[{first[cell['id']]}]")
         if cell["verdict"] is not None and not isinstance(cell["verdict"], str):
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"verdict\" must be a string")
         for key in ("coords", "expectation", "outcome", "kernel"):

@@ -84,7 +84,10 @@ MISUSES = {
     "rows of html": (["render", "{r}", "-f", "html", "--rows", "model"], "--rows/--cols apply to Markdown"),
     "unwritable output": (["render", "{r}", "-o", "{t}/r.json/out.md"], "{t}/r.json/out.md: cannot write:"),
     "a directory as result": (["render", "{t}"], "{t}: is a directory, not a result file"),
-    "check of a json file": (["check", "{r}", "--from", "{r}", "-f", "md"], "{t}/r.json is stale"),
+    "check of a json file": (["check", "{r}", "--from", "{r}", "-f", "md"], "{t}/r.json: not a document pytest-mla rendered"),
+    "check of a hand-written page": (["check", "{t}/readme.md", "--from", "{r}"], "{t}/readme.md: not a document pytest-mla rendered"),
+    "a cell twice": (["render", "{t}/dup.json"], "{t}/dup.json: cells[1] repeats cell 'deepseek-v3/triton/dcp1/none/sm90' of cells[0]"),
+    "merge one file twice": (["merge", "{r}", "{r}", "-o", "{t}/m.json"], "{t}/r.json is given twice"),
     "diff of two matrices": (["diff", "{r}", "{t}/other.json"], "is a result of matrix 't', {t}/other.json of matrix 'u'"),
     "check of a missing doc": (["check", "{t}/nope.md", "--from", "{r}"], "{t}/nope.md: cannot read"),
     "another schema": (["render", "{t}/junit.json"], "{t}/junit.json: not a pytest-mla result file"),
@@ -100,16 +103,26 @@ def test_misuse_is_one_clear_line(tmp_path, capsys, result, name):
     write(tmp_path, "junit.json", json.dumps({"created": 1.0, "tests": [], "summary": {}}))
     write(tmp_path, "badcell.json", json.dumps({**doc, "cells": [{**doc["cells"][0], "coords": "deepseek"}]}))
     write(tmp_path, "badprobes.json", json.dumps({**doc, "run": {**doc["run"], "probes": ["dcp"]}}))
+    write(tmp_path, "dup.json", json.dumps({**doc, "cells": [doc["cells"][0], doc["cells"][0]]}))
+    write(tmp_path, "readme.md", "# My engine\n\n| backend | works |\n|---|---|\n| triton | yes |\n")
     argv, expected = MISUSES[name]
     t = str(tmp_path)
     code = main([a.format(r=result, t=t) for a in argv])
     err = capsys.readouterr().err
-    if name == "check of a json file":  # not an error of use: the JSON simply is not that Markdown
-        assert code == 1 and expected.format(t=t) in err
-        return
     assert code == 2, err
     assert err.startswith("pytest-mla: error: ") and err.count("\n") == 1, err
     assert expected.format(t=t) in err and "Traceback" not in err
+
+
+def test_render_reads_standard_input(tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(make_document())))
+    assert main(["render", "-", "-f", "terminal"]) == 0
+    assert capsys.readouterr().out.startswith("t: ")
+    monkeypatch.setattr("sys.stdin", io.StringIO("not json"))
+    assert main(["render", "-"]) == 2
+    assert capsys.readouterr().err == "pytest-mla: error: <stdin>: not a pytest-mla result file (not JSON)\n"
 
 
 def test_a_result_file_with_a_byte_order_mark_reads(tmp_path, capsys):
