@@ -4,8 +4,10 @@
 
 Each size builds a document with many models and backends (accepted,
 verified, rejected with a handful of messages, a few failures), then times
-Markdown, HTML, terminal, a merge of the document split by arch into two
-"hosts", and a diff against a copy with planted regressions.
+Markdown (``md``: what a run writes, the backends view then the grid;
+``grid``: the grid alone, what ``md`` was before the backends view), HTML,
+terminal, a merge of the document split by arch into two "hosts", and a
+diff against a copy with planted regressions.
 """
 
 from __future__ import annotations
@@ -71,10 +73,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     args = parser.parse_args()
-    print(f"{'cells':>8} {'md':>7} {'html':>7} {'term':>7} {'merge':>7} {'diff':>7}   (seconds; html MB)")
+    print(f"{'cells':>8} {'md':>7} {'grid':>7} {'html':>7} {'term':>7} {'merge':>7} {'diff':>7}   (seconds; html MB)")
     for size in (int(s) for s in args.sizes.split(",")):
         doc = synthetic(size)
         t_md, _ = timed(lambda: render_markdown(doc))
+        t_grid, _ = timed(lambda: render_markdown(doc, view="grid"))
         t_html, page = timed(lambda: render_html(doc))
         t_term, _ = timed(lambda: render_terminal(doc))
         a = {**doc, "cells": [c for c in doc["cells"] if c["coords"]["arch"] != "sm100"]}
@@ -85,7 +88,7 @@ def main() -> None:
         for c in new["cells"][::97]:
             c["verdict"] = "error"
         t_diff, _ = timed(lambda: diff_documents(doc, new))
-        print(f"{len(doc['cells']):>8} {t_md:7.2f} {t_html:7.2f} {t_term:7.2f} {t_merge:7.2f} {t_diff:7.2f}"
+        print(f"{len(doc['cells']):>8} {t_md:7.2f} {t_grid:7.2f} {t_html:7.2f} {t_term:7.2f} {t_merge:7.2f} {t_diff:7.2f}"
               f"   {len(page.encode()) / 1e6:.1f} MB")
 
 

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import html
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .report.results import ResultFileError, read_results, write_json_atomic, write_text_atomic
+from .report.results import ResultFileError, parse_results, read_results, write_json_atomic, write_text_atomic
 
 PROG = "pytest-mla"
 FORMATS = ("md", "html", "json", "terminal")
+VIEWS = ("all", "backends", "grid")
+#: Output suffixes ``render -o`` knows (anything else needs --format).
+SUFFIXES = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json", ".txt": "terminal"}
 
 
 class CliError(Exception):
@@ -32,7 +37,10 @@ def _axes(text: str | None) -> list[str] | None:
 
 
 def _read(path: str) -> dict[str, Any]:
+    """A result document from a file, or from standard input for ``-``."""
     try:
+        if path == "-":
+            return parse_results(sys.stdin.read(), "<stdin>")
         return read_results(path)
     except ResultFileError as exc:
         raise CliError(str(exc)) from None
@@ -41,39 +49,66 @@ def _read(path: str) -> dict[str, Any]:
 def _write(text: str, out: str | None) -> None:
     if out is None or out == "-":
         sys.stdout.write(text)
-    else:
+        return
+    try:
         write_text_atomic(out, text)
+    except OSError as exc:
+        raise CliError(f"{out}: cannot write: {exc.strerror or exc}") from None
 
 
-def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: list[str] | None) -> str:
+def output_format(fmt: str | None, out: str | None) -> str:
+    """The format ``render`` writes: ``--format``, else the ``-o`` suffix, else Markdown on stdout."""
+    suffix = Path(out).suffix.lower() if out and out != "-" else ""
+    known = SUFFIXES.get(suffix)
+    if fmt is None:
+        if not out or out == "-":
+            return "md"
+        if known is None:
+            what = f"its extension {suffix!r}" if suffix else "a file name without an extension"
+            raise CliError(f"-o {out}: cannot tell the format from {what} "
+                           f"(known: {', '.join(SUFFIXES)}); pass --format {{{','.join(FORMATS)}}}")
+        return known
+    if known is not None and known != fmt and not (fmt == "terminal" and suffix == ".txt"):
+        raise CliError(f"-o {out}: a {suffix} file, but --format {fmt}; drop one of them or make them agree")
+    return fmt
+
+
+def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: list[str] | None,
+           view: str | None = None) -> str:
+    if fmt == "json":
+        if view is not None or rows or cols:
+            raise CliError("--view/--rows/--cols shape a rendering; --format json writes the result document as is")
+        return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+    if fmt == "html" and (rows or cols):
+        raise CliError("--rows/--cols apply to Markdown; the HTML page has its own row and column pickers")
     try:
         if fmt == "md":
             from .report.markdown import render_markdown
 
-            return render_markdown(document, rows, cols)
+            return render_markdown(document, rows, cols, view=view or "all")
         if fmt == "html":
             from .report.html import render_html
 
-            return render_html(document)
-        if fmt == "terminal":
-            from .report.terminal import render_terminal
+            return render_html(document, view=view or "all")
+        from .report.terminal import render_terminal
 
-            return render_terminal(document) + "\n"
+        if rows or cols:
+            raise CliError("--rows/--cols apply to Markdown; the terminal grid is backend × arch")
+        return render_terminal(document, view=view or "grid") + "\n"
     except ValueError as exc:  # an unknown axis in --rows/--cols
         raise CliError(str(exc)) from None
-    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
 
 
 # -- subcommands ---------------------------------------------------------------------
 def cmd_render(args: argparse.Namespace) -> int:
-    fmt = args.format
-    if fmt is None:
-        suffix = Path(args.output).suffix.lstrip(".") if args.output and args.output != "-" else ""
-        fmt = {"md": "md", "markdown": "md", "html": "html", "htm": "html", "json": "json"}.get(suffix, "md")
+    fmt = output_format(args.format, args.output)
     document = _read(args.result)
-    text = render(document, fmt, _axes(args.rows), _axes(args.cols))
+    text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view)
     if fmt == "json" and args.output not in (None, "-"):
-        write_json_atomic(args.output, document)
+        try:
+            write_json_atomic(args.output, document)
+        except OSError as exc:
+            raise CliError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
     else:
         _write(text, args.output)
     return 0
@@ -82,6 +117,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from .report.merge import MergeConflictError, MergeError, merge_documents
 
+    repeated = next((p for i, p in enumerate(args.results) if p in args.results[:i]), None)
+    if repeated is not None:
+        raise CliError(f"{repeated} is given twice: each result file merges once")
     docs = [_read(p) for p in args.results]
     try:
         merged = merge_documents(docs, names=args.results, allow_conflicts=args.allow_conflicts)
@@ -106,6 +144,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from .report.diff import diff_documents
 
     old, new = _read(args.old), _read(args.new)
+    a, b = old["run"].get("matrix"), new["run"].get("matrix")
+    if a != b:
+        raise CliError(f"{args.old} is a result of matrix {a!r}, {args.new} of matrix {b!r}: "
+                       "a diff pairs the cells of one matrix")
     diff = diff_documents(old, new, old_name=args.old, new_name=args.new)
     text = diff.markdown() if args.format == "md" else (
         json.dumps(diff.as_dict(), indent=1, ensure_ascii=False) + "\n" if args.format == "json" else diff.text() + "\n")
@@ -113,31 +155,77 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 1 if diff.has_regressions else 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from .report.markdown import render_markdown
+_BANNER_COMMAND = re.compile(r"Regenerate with `(pytest-mla render [^`]*)`")
 
+
+def published_options(text: str) -> dict[str, str]:
+    """``--view``/``--rows``/``--cols``/``--format`` as the document's banner records them."""
+    head = text[:text.find("<main")] if "<main" in text else "\n".join(text.splitlines()[:12])
+    m = _BANNER_COMMAND.search(head)
+    if not m:
+        return {}
+    words = html.unescape(m.group(1)).split()
+    return {w[2:]: v for w, v in zip(words, words[1:]) if w in ("--view", "--rows", "--cols", "--format")}
+
+
+def first_difference(published: str, fresh: str) -> tuple[int, int, str, str]:
+    """(line, column, published line, fresh line) of the first difference, 1-based."""
+    a, b = published.splitlines(), fresh.splitlines()
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else None
+        y = b[i] if i < len(b) else None
+        if x != y:
+            x, y = x if x is not None else "(end of file)", y if y is not None else "(end of file)"
+            col = next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+            return i + 1, col + 1, x, y
+    return len(a), 1, "", ""  # only line endings differ
+
+
+def _excerpt(line: str, col: int, width: int = 70) -> str:
+    start = max(0, col - 1 - width // 2)
+    text = line[start:start + width]
+    return ("…" if start else "") + text + ("…" if start + width < len(line) else "")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
     document = _read(args.result)
     try:
-        published = Path(args.doc).read_text(encoding="utf-8")
+        published = Path(args.doc).read_text(encoding="utf-8-sig").replace("\r\n", "\n")
     except OSError as exc:
         raise CliError(f"{args.doc}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise CliError(f"{args.doc}: not UTF-8 text") from None
-    try:
-        fresh = render_markdown(document, _axes(args.rows), _axes(args.cols))
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if published.replace("\r\n", "\n") == fresh:
+    head = published[:published.find("<main")] if "<main" in published else "\n".join(published.splitlines()[:12])
+    if "generated by pytest-mla" not in head:
+        raise CliError(f"{args.doc}: not a document pytest-mla rendered (no \"generated by pytest-mla\" banner at "
+                       "its top); render it first: pytest-mla render RESULT.json -o " + args.doc)
+    recorded = published_options(published)
+    suffix = Path(args.doc).suffix.lower()
+    fmt = args.format or recorded.get("format") or ("html" if suffix in (".html", ".htm") else "md")
+    if fmt not in ("md", "html"):
+        raise CliError(f"{args.doc}: check compares Markdown or HTML documents, not {fmt!r}")
+    view = args.view or recorded.get("view") or "all"
+    rows = _axes(args.rows or recorded.get("rows"))
+    cols = _axes(args.cols or recorded.get("cols"))
+    if view not in VIEWS:
+        raise CliError(f"{args.doc}: unknown view {view!r} in its banner (known: {', '.join(VIEWS)})")
+    fresh = render(document, fmt, rows, cols, view)
+    options = (f" --format {fmt}" + (f" --view {view}" if view != "all" else "")
+               + (f" --rows {','.join(rows)}" if rows else "") + (f" --cols {','.join(cols)}" if cols else ""))
+    if published == fresh:
         print(f"{PROG} check: {args.doc} is up to date with {args.result}")
         return 0
-    diff = difflib.unified_diff(published.replace("\r\n", "\n").splitlines(keepends=True),
-                                fresh.splitlines(keepends=True),
-                                fromfile=f"{args.doc} (published)", tofile=f"{args.doc} (from {args.result})")
-    sys.stdout.writelines(diff)
-    print(f"\n{PROG} check: {args.doc} is stale; regenerate it with:\n"
-          f"  {PROG} render {args.result} --format md -o {args.doc}"
-          + (f" --rows {args.rows}" if args.rows else "") + (f" --cols {args.cols}" if args.cols else ""),
-          file=sys.stderr)
+    line, col, was, now = first_difference(published, fresh)
+    if fmt == "md":
+        diff = list(difflib.unified_diff(published.splitlines(keepends=True), fresh.splitlines(keepends=True),
+                                         fromfile=f"{args.doc} (published)", tofile=f"{args.doc} (from {args.result})"))
+        sys.stdout.writelines(diff[:400])
+        if len(diff) > 400:
+            print(f"... ({len(diff) - 400} more diff lines)")
+    print(f"{PROG} check: {args.doc} is stale: first difference at line {line}, column {col}:\n"
+          f"  published: {_excerpt(was, col)}\n"
+          f"  rendered:  {_excerpt(now, col)}\n"
+          f"regenerate it with:\n  {PROG} render {args.result}{options} -o {args.doc}", file=sys.stderr)
     return 1
 
 
@@ -172,6 +260,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     out = [f"cell {cell.id}", f"matrix {matrix.path} (engine {matrix.engine_name}, version "
            f"{args.engine_version or 'any'})",
            "model " + model.name + ": " + ", ".join(f"{f}={model.field(f)}" for f in _model_fields())]
+    probes = [f"{a} {getattr(cell, a)!r}" for a, values in matrix.probes.items() if getattr(cell, a) in values]
+    if probes:
+        out.append(f"probe: {', '.join(probes)} (an input-validation probe: the reports list it under "
+                   "\"Input validation\", not in the feature tables)")
     decided = None
     for rule in matrix.rules:
         name = f' "{rule.name}"' if rule.name else ""
@@ -187,9 +279,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
             verdict = f"matches: xfail ({rule.xfail}); the next matching rule decides"
         elif matched:
             decided = rule
-            what = "accept" if rule.outcome == "accept" else (
-                f"reject with {rule.error}: {render_message(rule.message, cell, model)}" if rule.message is not None
-                else f"reject with {rule.error} matching /{rule.match}/")
+            if rule.outcome == "accept":
+                what = "accept"
+            elif rule.outcome == "skip":
+                what = f"skip (not applicable: {rule.skip}); the engine is not asked"
+            elif rule.message is not None:
+                what = f"reject with {rule.error}: {render_message(rule.message, cell, model)}"
+            else:
+                what = f"reject with {rule.error} matching /{rule.match}/"
             verdict = f"MATCHES → decides: {what}"
         else:
             verdict = "no match"
@@ -222,12 +319,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("render", help="render a result file as Markdown, HTML, JSON or terminal text",
                        description="Render RESULT.json (written by `pytest --mla-matrix`).")
-    r.add_argument("result", metavar="RESULT.json")
+    r.add_argument("result", metavar="RESULT.json", help="a result file, or - for standard input")
     r.add_argument("--format", "-f", choices=FORMATS, default=None,
-                   help="output format (default: from the -o suffix, else md)")
+                   help="output format (default: from the -o suffix .md/.html/.json/.txt; md on stdout)")
     r.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
-    r.add_argument("--rows", metavar="AXES", help="row axes for md, comma-separated (default: backend)")
-    r.add_argument("--cols", metavar="AXES", help="column axes for md, comma-separated (default: arch,spec)")
+    r.add_argument("--view", choices=VIEWS, default=None,
+                   help="backends: one row per backend, one column per feature (what engine docs publish); "
+                        "grid: backend × arch · spec tables; all: both (default for md and html; "
+                        "grid for terminal)")
+    r.add_argument("--rows", metavar="AXES", help="row axes of the md grid, comma-separated (default: backend)")
+    r.add_argument("--cols", metavar="AXES", help="column axes of the md grid, comma-separated (default: arch,spec)")
     r.set_defaults(func=cmd_render)
 
     m = sub.add_parser("merge", help="merge result files of one matrix from several hosts",
@@ -250,13 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
     d.set_defaults(func=cmd_diff)
 
-    c = sub.add_parser("check", help="fail when a published Markdown table is stale",
-                       description="Regenerate the Markdown from RESULT.json and compare with DOC.md; "
-                                   "exit 1 with a unified diff when they differ.")
-    c.add_argument("doc", metavar="DOC.md")
+    c = sub.add_parser("check", help="fail when a published table (Markdown or HTML, any view) is stale",
+                       description="Render RESULT.json again as DOC was rendered (format from its suffix, view, "
+                                   "rows and cols from its banner, unless given) and compare; exit 1 naming the "
+                                   "first difference (and, for Markdown, a unified diff) when they differ.")
+    c.add_argument("doc", metavar="DOC")
     c.add_argument("--from", dest="result", required=True, metavar="RESULT.json")
-    c.add_argument("--rows", metavar="AXES", help="row axes the document was rendered with")
-    c.add_argument("--cols", metavar="AXES", help="column axes the document was rendered with")
+    c.add_argument("--format", "-f", choices=("md", "html"), default=None,
+                   help="what DOC is (default: from its banner, else .html/.htm → html, else md)")
+    c.add_argument("--view", choices=VIEWS, default=None, help="the view DOC was rendered with (default: its banner)")
+    c.add_argument("--rows", metavar="AXES", help="row axes the document was rendered with (default: its banner)")
+    c.add_argument("--cols", metavar="AXES", help="column axes the document was rendered with (default: its banner)")
     c.set_defaults(func=cmd_check)
 
     e = sub.add_parser("explain", help="which rule of a matrix decides a cell, and why",
@@ -282,9 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (KeyError, TypeError, AttributeError, IndexError) as exc:
-        # A result file that passed the envelope check but has odd records.
-        print(f"{PROG}: error: malformed result data ({type(exc).__name__}: {exc})", file=sys.stderr)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        # A result file that passed the checks of read_results but has odd records.
+        files = [getattr(args, k) for k in ("result", "old", "new") if isinstance(getattr(args, k, None), str)]
+        files += list(getattr(args, "results", None) or [])
+        where = f" in {', '.join(files)}" if files else ""
+        print(f"{PROG}: error: malformed result data{where} ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
 
 

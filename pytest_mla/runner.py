@@ -105,6 +105,9 @@ class MatrixRun:
         if loaded.skip_reason or loaded.engine is None:
             record.update(verdict=SKIP, reason=loaded.skip_reason)
             return _timed(record, start)
+        if expect.kind == SKIP:  # a `skip = "reason"` rule: the configuration does not apply; never ask the engine
+            record.update(verdict=SKIP, reason=expect.reason)
+            return _timed(record, start)
         engine = loaded.engine
         model = loaded.matrix.model(cell)
         configured: Configured | None = None

@@ -1,7 +1,13 @@
-"""Matrix files: TOML data (never code) declaring axes, models and rules.
+"""Matrix files: TOML data (never code) declaring axes, models, probes and rules.
 
 ``load_matrix`` parses, validates and reports every problem at once, each
-with file, line and key path (see ``MatrixError``).
+with file, line and key path (see ``MatrixError``). A file saved with a
+UTF-8 byte-order mark reads like one without.
+
+``[probes]`` marks axis values that exist to exercise the engine's input
+validation (``dcp = [0]``, ``backend = ["no_such_backend"]``): their cells
+run and are judged like any other; the reports keep them out of the
+feature tables and list them under "Input validation".
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from .rules import (
 from .spec import SpecError, parse_spec
 from .toml_lines import LineIndex
 
-TOP_KEYS = ("title", "engine", "axes", "models", "rule", "kernel")
+TOP_KEYS = ("title", "engine", "axes", "models", "probes", "rule", "kernel")
 ENGINE_KEYS = ("name", "version")
-RULE_KEYS = ("when", "reject", "accept", "xfail", "engine_version", "name")
+RULE_KEYS = ("when", "reject", "accept", "skip", "xfail", "engine_version", "name")
 REJECT_KEYS = ("error", "message", "match")
 KERNEL_KEYS = ("dtype", "seed")
 KERNEL_DTYPES = ("bf16", "fp16", "fp32")
@@ -46,6 +52,11 @@ class Matrix:
     rules: tuple[Rule, ...]
     kernel_dtype: str = "bf16"
     seed: int = 0
+    probes: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)  # axis → probe values
+
+    def is_probe(self, cell: Cell) -> bool:
+        """Whether a coordinate of ``cell`` is a probe value."""
+        return any(getattr(cell, axis) in values for axis, values in self.probes.items())
 
     def cells(self) -> Iterator[Cell]:
         return expand_cells(self.axes)
@@ -84,7 +95,7 @@ def load_matrix(path: str | os.PathLike[str], *, extra_models: Mapping[str, Mode
     path = Path(path)
     shown = display_path or os.fspath(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not TOML
     except OSError as exc:
         raise MatrixError(shown, [Problem("", f"cannot read matrix file: {exc.strerror or exc}")]) from None
     except UnicodeDecodeError as exc:
@@ -126,6 +137,7 @@ class _Builder:
         models = self.models(data.get("models", {}))
         axes = self.axes(data.get("axes"), models)
         kernel_dtype, seed = self.kernel(data.get("kernel", {}))
+        probes = self.probes(data.get("probes", {}), axes) if axes is not None else {}
         rules = self.rules(data.get("rule", []), axes) if axes is not None else ()
         if axes is not None and not self.problems:
             self.reachability(rules, axes, models)
@@ -133,7 +145,8 @@ class _Builder:
             self.problems.sort(key=lambda p: (p.line or 0))
             raise MatrixError(self.file, self.problems)
         assert axes is not None
-        return Matrix(self.file, name, title, engine_name, engine_versions, axes, models, rules, kernel_dtype, seed)
+        return Matrix(self.file, name, title, engine_name, engine_versions, axes, models, rules, kernel_dtype, seed,
+                      probes)
 
     def engine(self, table: Any) -> tuple[str, SpecifierSet | None]:
         if not isinstance(table, dict):
@@ -257,6 +270,39 @@ class _Builder:
             return f"unknown arch {value!r} (expected smNN such as sm90, or gfxNNN)"
         return None
 
+    # -- probes -------------------------------------------------------------------
+    def probes(self, table: Any, axes: Mapping[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+        """``[probes]``: axis → values of that axis that probe the engine's input validation."""
+        if not isinstance(table, dict):
+            self.problem(("probes",), "[probes] must be a table such as { dcp = [0] }")
+            return {}
+        probes: dict[str, tuple[Any, ...]] = {}
+        for axis, values in table.items():
+            at = ("probes", axis)
+            if axis not in axes:
+                known = ", ".join(axes)
+                self.problem(at, f"unknown axis {axis!r} (the matrix's axes: {known})")
+                continue
+            if not isinstance(values, list) or not values:
+                self.problem(at, f"probes of {axis!r} must be a non-empty list of its values, got {values!r}")
+                continue
+            chosen = []
+            for value in values:
+                if value not in axes[axis] or isinstance(value, bool):
+                    known = ", ".join(str(v) for v in axes[axis])
+                    self.problem(at, f"{value!r} is not a value of axis {axis!r} (known: {known})")
+                elif value in chosen:
+                    self.problem(at, f"duplicate probe value {value!r}")
+                else:
+                    chosen.append(value)
+            if chosen and len(chosen) == len(axes[axis]):
+                self.problem(at, f"every value of axis {axis!r} is a probe: the reports would have no "
+                                 "configuration left to show")
+                continue
+            if chosen:
+                probes[axis] = tuple(v for v in axes[axis] if v in chosen)  # axis order
+        return {a: probes[a] for a in AXES if a in probes}
+
     # -- rules --------------------------------------------------------------------
     def rules(self, items: Any, axes: Mapping[str, tuple[Any, ...]]) -> tuple[Rule, ...]:
         if not isinstance(items, list):
@@ -280,9 +326,17 @@ class _Builder:
                 self.problem(at + (key,), f"unknown key {key!r} in rule (known: {', '.join(RULE_KEYS)})")
         when = self.when(at + ("when",), item.get("when"), axes)
         outcome = None
-        error = message = match = None
-        if "reject" in item and "accept" in item:
-            self.problem(at, "a rule has either 'reject' or 'accept', not both")
+        error = message = match = skip = None
+        given = [k for k in ("reject", "accept", "skip") if k in item]
+        if len(given) > 1:
+            self.problem(at, f"a rule has one of 'reject', 'accept' or 'skip', not {' and '.join(repr(k) for k in given)}")
+        elif "skip" in item:
+            outcome = "skip"
+            skip = item["skip"]
+            if not isinstance(skip, str) or not skip.strip():
+                self.problem(at + ("skip",), f"skip must be a reason string (why the cells do not apply), got {skip!r}")
+            if "xfail" in item:
+                self.problem(at + ("xfail",), "a skipped cell is never run: it cannot be xfail as well")
         elif "reject" in item:
             outcome = "reject"
             error, message, match = self.reject(at + ("reject",), item["reject"], axes)
@@ -293,8 +347,9 @@ class _Builder:
         xfail = item.get("xfail")
         if xfail is not None and (not isinstance(xfail, str) or not xfail.strip()):
             self.problem(at + ("xfail",), f"xfail must be a reason string, got {xfail!r}")
-        if outcome is None and xfail is None:
-            self.problem(at, "a rule needs an outcome: reject = {...}, accept = true, or xfail = \"reason\"")
+        if outcome is None and xfail is None and not given:
+            self.problem(at, "a rule needs an outcome: reject = {...}, accept = true, skip = \"reason\", "
+                             "or xfail = \"reason\"")
         versions = None
         if "engine_version" in item:
             versions = self.specifier(at + ("engine_version",), item["engine_version"])
@@ -303,7 +358,7 @@ class _Builder:
             self.problem(at + ("name",), f"name must be a string, got {name!r}")
         if len(self.problems) > before:
             return None
-        return Rule(index, self.lines.line(at), when, outcome, error, message, match, xfail, versions, name)
+        return Rule(index, self.lines.line(at), when, outcome, error, message, match, xfail, versions, name, skip)
 
     def when(self, at: tuple[Any, ...], table: Any, axes: Mapping[str, tuple[Any, ...]]) -> tuple[Predicate, ...]:
         if table is None:

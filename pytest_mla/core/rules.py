@@ -1,9 +1,11 @@
 """Rules: a ``when`` predicate over cell coordinates and model fields, and an outcome.
 
 The first matching rule decides a cell, in file order, like an engine's own
-check order. A rule may carry ``xfail`` (a known bug) with or without an
-outcome; an ``xfail``-only rule marks the cell and lets the next matching rule
-decide what it must do. Rules gated by ``engine_version`` apply only to the
+check order. The outcome is ``reject``, ``accept``, or ``skip`` (the
+configuration does not apply: the engine is not asked, the verdict is
+``skip`` with the rule's reason). A rule may carry ``xfail`` (a known bug)
+with or without an outcome; an ``xfail``-only rule marks the cell and lets
+the next matching rule decide what it must do. Rules gated by ``engine_version`` apply only to the
 engine versions their specifier admits.
 """
 
@@ -95,13 +97,14 @@ class Rule:
     index: int
     line: int | None
     when: tuple[Predicate, ...]
-    outcome: str | None  # "accept", "reject", or None (xfail-only)
+    outcome: str | None  # "accept", "reject", "skip", or None (xfail-only)
     error: str | None = None
     message: str | None = None  # exact text, with {field} placeholders
     match: str | None = None  # regex, re.search
     xfail: str | None = None
     engine_version: SpecifierSet | None = None
     name: str | None = None
+    skip: str | None = None  # the reason, for outcome "skip"
 
     @property
     def label(self) -> str:
@@ -141,20 +144,26 @@ def placeholders(template: str) -> list[str]:
 class Expectation:
     """What the matrix says a cell must do."""
 
-    kind: str  # "accept" or "reject"
+    kind: str  # "accept", "reject" or "skip" (not applicable: the engine is not asked)
     error: str | None = None
     message: str | None = None  # rendered exact text
     match: str | None = None  # regex
     xfail: str | None = None
     rule: int | None = None  # index of the deciding rule, None = default accept
     rule_line: int | None = None
+    reason: str | None = None  # kind "skip" only: why the cell does not apply
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.reason is None:  # only skip expectations carry a reason
+            del d["reason"]
+        return d
 
     def describe(self) -> str:
         if self.kind == "accept":
             return "accept"
+        if self.kind == "skip":
+            return f"skip: {self.reason}"
         if self.message is not None:
             return f"reject with {self.error}: {self.message}"
         return f"reject with {self.error} matching /{self.match}/"
@@ -171,6 +180,8 @@ def decide(rules: tuple[Rule, ...], cell: Cell, model: ModelConfig,
             xfail = xfail or rule.xfail
             continue
         reason = rule.xfail or xfail
+        if rule.outcome == "skip":
+            return Expectation("skip", rule=rule.index, rule_line=rule.line, reason=rule.skip)
         if rule.outcome == "accept":
             return Expectation("accept", xfail=reason, rule=rule.index, rule_line=rule.line)
         message = render_message(rule.message, cell, model) if rule.message is not None else None

@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from ..core.verdicts import KERNEL_FAILED, VERIFIED
 from .markdown import md_text
-from .model import BAD_VERDICTS, GOOD_VERDICTS, SYMBOLS, cell_state, first_line
+from .model import BAD_VERDICTS, GOOD_VERDICTS, SYMBOLS, cell_state, reason_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +116,7 @@ def diff_documents(old: Mapping[str, Any], new: Mapping[str, Any], *, old_name: 
         ok_old = (o.get("kernel") or {}).get("status")
         ok_new = (n.get("kernel") or {}).get("status")
         before, after = describe_cell(o), describe_cell(n)
-        if (ov in GOOD_VERDICTS and nv in BAD_VERDICTS) or (ok_old == "verified" and ok_new == "failed"):
+        if (ov in GOOD_VERDICTS and nv in BAD_VERDICTS) or (ok_old == VERIFIED and ok_new == KERNEL_FAILED):
             out.regressions.append(Change(cid, "regression", before, after, _why(n)))
         elif ov in BAD_VERDICTS and nv in GOOD_VERDICTS:
             out.fixes.append(Change(cid, "fix", before, after))
@@ -130,9 +131,10 @@ def diff_documents(old: Mapping[str, Any], new: Mapping[str, Any], *, old_name: 
 
 
 def _why(record: Mapping[str, Any]) -> str | None:
-    if record.get("verdict") in BAD_VERDICTS:
+    """Why a cell is bad, on one line: the expectation and the engine's text, not just the first line."""
+    if record.get("verdict") in BAD_VERDICTS or (record.get("kernel") or {}).get("status") == KERNEL_FAILED:
         k = record.get("kernel") or {}
-        return first_line(record.get("reason")) or first_line(k.get("message")) or None
+        return reason_line(record.get("reason")) or reason_line(k.get("message")) or None
     return None
 
 

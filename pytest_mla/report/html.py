@@ -1,6 +1,12 @@
 """HTML rendering: one self-contained file (inline CSS and JS, no network).
 
-The page shows the full matrix: rows and columns are axes the reader picks
+Views, as in Markdown: ``backends`` is a static page with the backends view
+(``backends.py``) and the input validation; ``grid`` is the interactive
+matrix below; ``all`` (the default, and what a run writes) is both on one
+page. The stylesheet and the script are package data
+(``static/report.css``, ``static/report.js``), read once and inlined.
+
+The interactive matrix shows every cell: rows and columns are axes the reader picks
 (default model · backend by arch · spec), every cell of the matrix is a chip
 inside its table cell, filters per axis value and per state hide chips, and a
 click on a chip opens its details (expectation, outcome, reason, kernel
@@ -18,16 +24,33 @@ HTML strings.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
+import re
+from importlib import resources
 from typing import Any, Mapping
 
-from .model import LEGEND, PARTIAL, STATES, ReportModel, cell_state, format_value, one_line
+from .backends import LEGEND as BACKENDS_LEGEND
+from .backends import COUNTING, BackendsView, build_backends_view
+from .markdown import VIEWS, render_command
+from .model import LEGEND, PARTIAL, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
 
 
 #: Chip glyphs: plain text symbols every font has (the page must not depend on an emoji font);
 #: colour carries the same meaning as the Markdown legend's emoji.
 GLYPHS = {"verified": "✔", "accepted": "✓", "rejected": "⊘", "xfail": "!", "skipped": "–", "bad": "✗"}
+
+
+#: Glyphs of the backends view's entries (same meaning as its Markdown emoji).
+ENTRY_GLYPHS = {"verified": "✔", "accepted": "✓", "rejected": "✗", "partial": "◐", "bug": "!", "skipped": "–",
+                "missing": "·"}
+
+
+@functools.lru_cache(maxsize=None)
+def static_text(name: str) -> str:
+    """A file of ``pytest_mla/report/static`` (package data)."""
+    return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
 
 
 def esc(value: Any) -> str:
@@ -155,7 +178,7 @@ def _short(c: Mapping[str, Any], state: str) -> str:
         o = c.get("outcome") or {}
         return f"{o.get('error')}: {o.get('message')}"
     if c.get("reason"):
-        return str(c["reason"]).strip().splitlines()[0]
+        return reason_line(c["reason"])
     k = c.get("kernel") or {}
     if k.get("status") == "not-run":
         return f"kernel not run: {k.get('reason')}"
@@ -192,12 +215,20 @@ def _facts(model: ReportModel) -> list[tuple[str, str]]:
     return facts
 
 
-def render_html(document: Mapping[str, Any]) -> str:
-    """The whole report as one self-contained HTML page."""
+def render_html(document: Mapping[str, Any], *, view: str = "all") -> str:
+    """The report as one self-contained HTML page: ``all``, ``backends`` or ``grid``."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r} (known: {', '.join(VIEWS)})")
     model = ReportModel(document)
     run = model.run
     title = run.get("title") or run.get("matrix") or "pytest-mla report"
     facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in _facts(model))
+    css = "\n" + static_text("report.css")
+    if view == "backends":
+        backends = build_backends_view(model)
+        body = render_backends_html(backends, level=2) + _probes_html(backends) + _failures_html(model)
+        return _STATIC_PAGE.format(title=esc(title), matrix=esc(run.get("matrix") or ""), facts=facts, css=css,
+                                   command=esc(render_command(view, fmt="html")), body=body)
     legend = "".join(
         f'<span class="lg"><span class="chip s-{esc(st)}">{esc(GLYPHS.get(st, st))}</span>{esc(text)}</span>'
         for st, text in LEGEND if st != PARTIAL)
@@ -205,9 +236,113 @@ def render_html(document: Mapping[str, Any]) -> str:
         f'<label><input type="checkbox" data-state="{i}" checked> <span class="chip s-{esc(st)}">{esc(GLYPHS[st])}</span> {esc(st)}</label>'
         for i, st in enumerate(STATES))
     data = script_json(build_data(model))
+    if view == "grid":
+        section = ""
+    else:
+        backends = build_backends_view(model)
+        section = ('<section id="backends-view">\n<h2>Attention backends</h2>\n' + render_backends_html(backends, level=3)
+                   + _probes_html(backends) + '</section>\n<h2 class="grid-title">Full matrix</h2>\n')
     return _PAGE.format(title=esc(title), matrix=esc(run.get("matrix") or ""), facts=facts, legend=legend,
-                        state_boxes=state_boxes, data=data, css=_CSS, js=_JS)
+                        state_boxes=state_boxes, data=data, css=css, js="\n" + static_text("report.js"),
+                        command=esc(render_command(view, fmt="html")), backends=section)
 
+
+# -- the backends view ------------------------------------------------------------------------
+_CITE = re.compile(r"\[(\d+)\]")
+
+
+def _refs_html(refs: Any) -> str:
+    return "".join(f' <a class="ref" href="#note-{n}">[{n}]</a>' for n in refs)
+
+
+def _note_html(number: int, text: str, notes: Notes) -> str:
+    """A note's text, escaped, with the notes it cites turned into links."""
+    cited = set(notes.links.get(number, ()))
+    out = esc(text)
+    if cited:
+        out = _CITE.sub(lambda m: f'<a class="ref" href="#note-{m.group(1)}">[{m.group(1)}]</a>'
+                        if int(m.group(1)) in cited else m.group(0), out)
+    return out
+
+
+def render_backends_html(view: BackendsView, level: int = 2) -> str:
+    """The backends view's tables and notes as an HTML fragment (no script)."""
+    texts = {n: t for n, t in view.notes.items()}
+    h = f"h{level}"
+    out = ['<p class="legend">' + "".join(
+        f'<span class="lg"><span class="entry e-{esc(st)}">{esc(ENTRY_GLYPHS[st])}</span>{esc(text)}</span>'
+        for st, text in BACKENDS_LEGEND) + "</p>"]
+    explain = "; ".join(f"<b>{esc(titles)}</b>: {esc(text)}" for titles, text in view.explain_columns())
+    out.append(f'<p class="columns">{explain}. {esc(COUNTING)}</p>')
+    head = "".join(f"<th>{esc(c.title)}</th>" for c in view.columns)
+    for family in view.families:
+        out.append(f"<{h}>{esc(family.title)}: {esc(', '.join(family.models))}</{h}>")
+        if family.rows:
+            out.append(f'<table class="backends"><thead><tr><th>backend</th>{head}<th>verified on</th></tr></thead><tbody>')
+            for row in family.rows:
+                cells = []
+                for e in row.entries:
+                    tip = "; ".join(texts[n] for n in e.refs)
+                    title = f' title="{esc(tip)}"' if tip else ""
+                    cells.append(f'<td{title}><span class="entry e-{esc(e.state)}">'
+                                 f'{esc(ENTRY_GLYPHS[e.state])}</span>{_refs_html(e.refs)}</td>')
+                out.append(f"<tr><th>{esc(row.backend)}{_refs_html(row.refs)}</th>{''.join(cells)}"
+                           f'<td class="verified">{esc(row.verified)}{_refs_html(row.verified_refs)}</td></tr>')
+            out.append("</tbody></table>")
+        if family.refused:
+            listed = ", ".join(f"{esc(r.backend)}{_refs_html(r.refs)}" for r in family.refused)
+            out.append(f'<p class="refused">Refused in every configuration: {listed}.</p>')
+    if len(view.notes):
+        out.append(f'<{h}>Notes</{h}><ol class="notes">')
+        out += [f'<li id="note-{n}">{_note_html(n, t, view.notes)}</li>' for n, t in view.notes.items()]
+        out.append("</ol>")
+    return "\n".join(out) + "\n"
+
+
+def _probes_html(view: BackendsView) -> str:
+    if not view.probes:
+        return ""
+    rows = []
+    for p in view.probes:
+        label = esc(f"{p.axis} = {p.value}") if p.first else ""
+        rows.append(f'<tr><th>{label}</th><td class="num">{p.cells}</td><td>{esc(p.condition)}</td>'
+                    f'<td><span class="entry e-{esc(p.state)}">{esc(ENTRY_GLYPHS[p.state])}</span> {esc(p.text)}</td></tr>')
+    return ('<h2 id="input-validation">Input validation</h2>\n<p>These axis values are probes of the engine\'s own '
+            "input checks: their cells run and are judged like every other, and are left out of the tables above.</p>\n"
+            '<table class="backends probes"><thead><tr><th>probe</th><th>cells</th><th>where</th>'
+            "<th>the engine's answer</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>\n")
+
+
+def _failures_html(model: ReportModel) -> str:
+    bad = model.bad_cells()
+    if not bad:
+        return ""
+    items = "".join(f"<li><code>{esc(c.get('id'))}</code> <b>{esc(c.get('verdict'))}</b>: "
+                    f"{esc(reason_line(c.get('reason')))}</li>" for c in bad)
+    return f'<h2 id="failures">Failures</h2>\n<ul class="failures">{items}</ul>\n'
+
+
+_STATIC_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="pytest-mla">
+<title>{title}</title>
+<style>{css}</style>
+</head>
+<body>
+<!-- Do not edit: generated by pytest-mla. Regenerate with `{command}`. -->
+<header>
+<h1>{title}</h1>
+<p class="banner">Generated by pytest-mla from the verified outcomes of matrix <code>{matrix}</code>. Do not edit.</p>
+<dl class="facts">{facts}</dl>
+</header>
+<main class="static">
+{body}</main>
+</body>
+</html>
+"""
 
 _PAGE = """<!doctype html>
 <html lang="en">
@@ -219,7 +354,7 @@ _PAGE = """<!doctype html>
 <style>{css}</style>
 </head>
 <body>
-<!-- Do not edit: generated by pytest-mla -->
+<!-- Do not edit: generated by pytest-mla. Regenerate with `{command}`. -->
 <header>
 <h1>{title}</h1>
 <p class="banner">Generated by pytest-mla from the verified outcomes of matrix <code>{matrix}</code>. Do not edit.</p>
@@ -227,7 +362,7 @@ _PAGE = """<!doctype html>
 <p class="legend">{legend}</p>
 </header>
 <main>
-<section id="controls">
+{backends}<section id="controls">
 <div class="layout">
 <label>Rows <select id="rows0"></select></label> <select id="rows1"></select>
 <label>Columns <select id="cols0"></select></label> <select id="cols1"></select>
@@ -246,280 +381,4 @@ _PAGE = """<!doctype html>
 </html>
 """
 
-_CSS = """
-:root{--ok:#1a7f37;--acc:#4c9a5f;--rej:#57606a;--xf:#9a6700;--sk:#8c959f;--bad:#cf222e;--bg:#fff;--fg:#1f2328;--line:#d0d7de;--soft:#f6f8fa}
-*{box-sizing:border-box}
-body{margin:0;font:13px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
-header{padding:14px 20px 6px;border-bottom:1px solid var(--line);background:var(--soft)}
-h1{font-size:20px;margin:0 0 4px}
-.banner{margin:0 0 8px;color:#57606a}
-.facts{display:grid;grid-template-columns:max-content 1fr;gap:1px 12px;margin:0 0 6px;font-size:12px}
-.facts dt{color:#57606a}.facts dd{margin:0;word-break:break-word}
-.legend{margin:4px 0;display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px}
-.lg{display:inline-flex;align-items:center;gap:5px}
-main{padding:10px 20px}
-#controls{display:flex;flex-direction:column;gap:6px;margin-bottom:10px}
-.layout{display:flex;gap:8px;align-items:center;flex-wrap:wrap}
-#shown{color:#57606a;margin-left:8px}
-#filters{display:flex;flex-wrap:wrap;gap:6px}
-fieldset{border:1px solid var(--line);border-radius:6px;padding:2px 8px 4px;margin:0}
-legend{font-weight:600;font-size:12px;padding:0 4px}
-fieldset label{margin-right:8px;white-space:nowrap;font-size:12px}
-#wrap{display:flex;gap:14px;align-items:flex-start}
-#matrix{overflow:auto;max-width:100%;flex:1 1 auto}
-table{border-collapse:collapse;font-size:12px}
-th,td{border:1px solid var(--line);padding:3px 5px;vertical-align:top}
-thead th{background:var(--soft);position:sticky;top:0;white-space:nowrap}
-tbody th{background:var(--soft);text-align:left;white-space:nowrap;font-weight:600}
-th.sub{font-weight:normal}
-td{min-width:48px;white-space:nowrap}
-.chip{display:inline-flex;align-items:center;justify-content:center;min-width:22px;height:20px;margin:1px;padding:0 3px;border-radius:4px;border:1px solid transparent;cursor:pointer;font-size:12px;line-height:1;background:#eef1f4}
-.chip small{font-size:9px;margin-left:2px;color:#57606a}
-.chip:hover,.chip.sel{border-color:#0969da;box-shadow:0 0 0 1px #0969da}
-.s-verified{background:var(--ok);color:#fff;font-weight:700}.s-verified small{color:#dafbe1}
-.s-accepted{background:#dafbe1;color:var(--ok)}.s-rejected{background:#eef1f4;color:var(--rej)}
-.s-xfail{background:#fff8c5;color:var(--xf);font-weight:700}.s-skipped{background:#f6f8fa;color:var(--sk)}
-.s-bad{background:var(--bad);color:#fff;font-weight:700}.s-bad small{color:#ffebe9}
-aside{flex:0 0 330px;position:sticky;top:8px;border:1px solid var(--line);border-radius:6px;padding:8px 12px;background:var(--soft);max-height:90vh;overflow:auto}
-aside h2{font-size:14px;margin:0 0 6px;word-break:break-all}
-aside dt{font-weight:600;margin-top:6px}
-aside dd{margin:0}
-aside pre{white-space:pre-wrap;word-break:break-word;margin:0;font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace}
-.hint{color:#57606a}
-"""
-
-_JS = r"""
-(function () {
-  "use strict";
-  var D = JSON.parse(document.getElementById("mla-data").textContent);
-  var AX = D.axes, S = D.strings, CELLS = D.cells, NA = AX.length;
-  var ST = D.states, SYM = D.symbols;
-  var I_STATE = NA, I_VERDICT = NA + 1, I_EXP = NA + 2, I_OUT = NA + 3, I_REASON = NA + 4,
-      I_KERNEL = NA + 5, I_NOTES = NA + 6, I_SHORT = NA + 7;
-  var byName = {};
-  AX.forEach(function (a, i) { byName[a.name] = i; });
-  var DEFAULT_ROWS = ["model", "backend"].filter(function (n) { return n in byName; });
-  var DEFAULT_COLS = ["arch", "spec"].filter(function (n) { return n in byName; });
-  var view = {rows: [], cols: [], off: {}, states: {}};
-  var selected = null;
-
-  function el(tag, cls, text) {
-    var e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text !== undefined && text !== null) e.textContent = text;
-    return e;
-  }
-  function cellId(c) {
-    var parts = [];
-    for (var i = 0; i < NA; i++) if (c[i] >= 0) parts.push(AX[i].labels[c[i]]);
-    return parts.join("/");
-  }
-
-  // -- URL fragment <-> view ------------------------------------------------------
-  function readHash() {
-    view = {rows: DEFAULT_ROWS.slice(), cols: DEFAULT_COLS.slice(), off: {}, states: {}};
-    var h = decodeURIComponent(location.hash.replace(/^#/, ""));
-    if (!h) return;
-    h.split("&").forEach(function (kv) {
-      var p = kv.split("="), k = p[0], vals = (p[1] || "").split(",").filter(Boolean);
-      if (k === "cell") {
-        view.cell = p.slice(1).join("=");
-      } else if (k === "rows" || k === "cols") {
-        var axes = vals.filter(function (v) { return v in byName; });
-        if (axes.length) view[k] = axes.slice(0, 2);
-      } else if (k === "state") {
-        ST.forEach(function (s, i) { if (vals.indexOf(s) < 0) view.states[i] = true; });
-      } else if (k in byName) {
-        var ax = AX[byName[k]];
-        ax.values.forEach(function (v, i) {
-          if (vals.indexOf(v) < 0 && vals.indexOf(ax.labels[i]) < 0) view.off[k + "=" + i] = true;
-        });
-      }
-    });
-    view.cols = view.cols.filter(function (a) { return view.rows.indexOf(a) < 0; });
-  }
-  function writeHash() {
-    var parts = [];
-    if (view.rows.join() !== DEFAULT_ROWS.join()) parts.push("rows=" + view.rows.join(","));
-    if (view.cols.join() !== DEFAULT_COLS.join()) parts.push("cols=" + view.cols.join(","));
-    AX.forEach(function (a, ai) {
-      var on = a.values.filter(function (v, i) { return !view.off[a.name + "=" + i]; });
-      if (on.length !== a.values.length) parts.push(a.name + "=" + on.join(","));
-    });
-    var st = ST.filter(function (s, i) { return !view.states[i]; });
-    if (st.length !== ST.length) parts.push("state=" + st.join(","));
-    if (view.cell) parts.push("cell=" + view.cell);
-    var h = parts.join("&");
-    if (history.replaceState) history.replaceState(null, "", h ? "#" + h : location.pathname + location.search);
-  }
-
-  // -- controls ---------------------------------------------------------------------
-  function fillSelect(sel, value, allowNone) {
-    sel.textContent = "";
-    if (allowNone) sel.appendChild(el("option", null, "—")).value = "";
-    AX.forEach(function (a) {
-      var o = el("option", null, a.name); o.value = a.name; sel.appendChild(o);
-    });
-    sel.value = value || "";
-  }
-  function buildControls() {
-    fillSelect(document.getElementById("rows0"), view.rows[0], false);
-    fillSelect(document.getElementById("rows1"), view.rows[1], true);
-    fillSelect(document.getElementById("cols0"), view.cols[0], true);
-    fillSelect(document.getElementById("cols1"), view.cols[1], true);
-    var box = document.getElementById("filters");
-    box.textContent = "";
-    AX.forEach(function (a) {
-      var fs = el("fieldset"); fs.setAttribute("data-axis", a.name);
-      fs.appendChild(el("legend", null, a.name));
-      a.values.forEach(function (v, i) {
-        var lab = el("label"), cb = el("input");
-        cb.type = "checkbox"; cb.checked = !view.off[a.name + "=" + i];
-        cb.setAttribute("data-axis", a.name); cb.setAttribute("data-value", v);
-        cb.addEventListener("change", function () {
-          if (cb.checked) delete view.off[a.name + "=" + i]; else view.off[a.name + "=" + i] = true;
-          update();
-        });
-        lab.appendChild(cb); lab.appendChild(document.createTextNode(" " + a.labels[i]));
-        fs.appendChild(lab);
-      });
-      box.appendChild(fs);
-    });
-    Array.prototype.forEach.call(document.querySelectorAll("input[data-state]"), function (cb) {
-      var i = +cb.getAttribute("data-state");
-      cb.checked = !view.states[i];
-      cb.onchange = function () { if (cb.checked) delete view.states[i]; else view.states[i] = true; update(); };
-    });
-  }
-  function readLayout() {
-    function pick(ids) {
-      var out = [];
-      ids.forEach(function (id) { var v = document.getElementById(id).value; if (v && out.indexOf(v) < 0) out.push(v); });
-      return out;
-    }
-    view.rows = pick(["rows0", "rows1"]);
-    view.cols = pick(["cols0", "cols1"]).filter(function (a) { return view.rows.indexOf(a) < 0; });
-  }
-  ["rows0", "rows1", "cols0", "cols1"].forEach(function (id) {
-    document.getElementById(id).addEventListener("change", function () { readLayout(); update(); });
-  });
-  document.getElementById("reset").addEventListener("click", function () {
-    location.hash = ""; readHash(); buildControls(); update();
-  });
-
-  // -- the matrix -------------------------------------------------------------------
-  function visible(c) {
-    if (view.states[c[I_STATE]]) return false;
-    for (var i = 0; i < NA; i++) if (view.off[AX[i].name + "=" + c[i]]) return false;
-    return true;
-  }
-  function keyOf(c, idx) { return idx.map(function (i) { return c[i]; }); }
-  function cmp(a, b) { for (var i = 0; i < a.length; i++) if (a[i] !== b[i]) return a[i] - b[i]; return 0; }
-  function label(idx, key) { return idx.map(function (ai, j) { return AX[ai].labels[key[j]]; }); }
-
-  function render() {
-    var rIdx = view.rows.map(function (n) { return byName[n]; });
-    var cIdx = view.cols.map(function (n) { return byName[n]; });
-    var hIdx = [];
-    for (var i = 0; i < NA; i++) if (rIdx.indexOf(i) < 0 && cIdx.indexOf(i) < 0) hIdx.push(i);
-    var rows = {}, cols = {}, groups = {}, n = 0;
-    CELLS.forEach(function (c, ci) {
-      if (!visible(c)) return;
-      n++;
-      var rk = keyOf(c, rIdx), ck = keyOf(c, cIdx), rs = rk.join(","), cs = ck.join(",");
-      rows[rs] = rk; cols[cs] = ck;
-      (groups[rs + "|" + cs] = groups[rs + "|" + cs] || []).push(ci);
-    });
-    var rKeys = Object.keys(rows).map(function (k) { return rows[k]; }).sort(cmp);
-    var cKeys = Object.keys(cols).map(function (k) { return cols[k]; }).sort(cmp);
-    var table = el("table"); table.id = "grid";
-    var thead = el("thead");
-    var levels = Math.max(cIdx.length, 1);
-    for (var lv = 0; lv < levels; lv++) {
-      var tr = el("tr");
-      if (lv === 0) {
-        var corner = el("th", null, view.rows.join(" · ") + (cIdx.length ? "  \\  " + view.cols.join(" · ") : ""));
-        corner.rowSpan = levels; corner.colSpan = Math.max(rIdx.length, 1); tr.appendChild(corner);
-      }
-      var prev = null, th = null;
-      cKeys.forEach(function (ck) {
-        var text = cIdx.length ? AX[cIdx[lv]].labels[ck[lv]] : "cells";
-        var parent = ck.slice(0, lv + 1).join(",");
-        if (lv < levels - 1 && parent === prev) { th.colSpan += 1; return; }
-        th = el("th", lv === levels - 1 && levels > 1 ? "sub" : null, text); th.colSpan = 1;
-        tr.appendChild(th); prev = parent;
-      });
-      thead.appendChild(tr);
-    }
-    table.appendChild(thead);
-    var tbody = el("tbody"), lastR = [];
-    rKeys.forEach(function (rk) {
-      var tr = el("tr"), rs = rk.join(",");
-      var labels = label(rIdx, rk);
-      if (!rIdx.length) labels = ["all"];
-      labels.forEach(function (t, j) { tr.appendChild(el("th", j ? "sub" : null, (j === 0 && lastR[0] === t && labels.length > 1) ? "" : t)); });
-      lastR = labels;
-      cKeys.forEach(function (ck) {
-        var td = el("td"), members = groups[rs + "|" + ck.join(",")] || [];
-        members.forEach(function (ci) {
-          var c = CELLS[ci], st = c[I_STATE];
-          var chip = el("span", "chip s-" + ST[st], SYM[st]);
-          var id = cellId(c), hidden = label(hIdx, keyOf(c, hIdx)).join(" ");
-          if (hIdx.length === 1) chip.appendChild(el("small", null, AX[hIdx[0]].labels[c[hIdx[0]]].replace(/^dcp/, "")));
-          chip.setAttribute("data-id", id);
-          chip.setAttribute("data-state", ST[st]);
-          chip.setAttribute("title", (hidden ? hidden + ": " : "") + ST[st] + " — " + S[c[I_SHORT]]);
-          chip.tabIndex = 0;
-          chip.addEventListener("click", function () { show(ci, chip); });
-          chip.addEventListener("keydown", function (ev) { if (ev.key === "Enter") show(ci, chip); });
-          td.appendChild(chip);
-        });
-        tr.appendChild(td);
-      });
-      tbody.appendChild(tr);
-    });
-    table.appendChild(tbody);
-    var box = document.getElementById("matrix");
-    box.textContent = "";
-    box.appendChild(n ? table : el("p", "hint", "No cell matches the filters."));
-    document.getElementById("shown").textContent = n + " of " + CELLS.length + " cells shown" +
-      (hIdx.length ? "; chips: " + hIdx.map(function (i) { return AX[i].name; }).join(" · ") : "");
-  }
-
-  function show(ci, chip) {
-    var c = CELLS[ci], aside = document.getElementById("details");
-    if (view.cell !== cellId(c)) { view.cell = cellId(c); writeHash(); }
-    if (selected) selected.classList.remove("sel");
-    selected = chip; if (chip) chip.classList.add("sel");
-    aside.textContent = "";
-    aside.appendChild(el("h2", null, SYM[c[I_STATE]] + " " + cellId(c)));
-    var dl = el("dl");
-    function row(name, text, pre) {
-      if (!text) return;
-      dl.appendChild(el("dt", null, name));
-      var dd = el("dd"); dd.appendChild(el(pre ? "pre" : "span", null, text)); dl.appendChild(dd);
-    }
-    row("verdict", S[c[I_VERDICT]] + " (" + ST[c[I_STATE]] + ")");
-    row("expected", S[c[I_EXP]], true);
-    row("engine did", S[c[I_OUT]], true);
-    row("reason", S[c[I_REASON]], true);
-    row("kernel", S[c[I_KERNEL]], true);
-    row("notes", S[c[I_NOTES]], true);
-    aside.appendChild(dl);
-  }
-
-  function showLinked() {
-    if (!view.cell) return;
-    var chips = document.querySelectorAll("#matrix .chip");
-    for (var i = 0; i < chips.length; i++) {
-      if (chips[i].getAttribute("data-id") === view.cell) { chips[i].click(); return; }
-    }
-  }
-  function update() { writeHash(); render(); showLinked(); }
-  function load() { readHash(); buildControls(); render(); showLinked(); }
-  load();
-  window.addEventListener("hashchange", load);
-})();
-"""
-
-__all__ = ["render_html", "esc", "script_json", "build_data"]
+__all__ = ["render_html", "render_backends_html", "esc", "script_json", "build_data", "static_text"]

@@ -8,6 +8,7 @@ cells are the union of the inputs' cells:
   ``kernel_runs`` (each with ``host`` and ``source``), its ``kernel`` is the
   most telling of them (failed > verified > not-run), its verdict the worst;
 - ``skip`` records give way to records that ran;
+- ``run.probes`` and ``run.models`` are the union of the inputs';
 - the same cell with contradictory *validation* results (the engine
   accepted on one host and rejected on another, different errors or
   messages, different expectations, or different verdicts that no kernel
@@ -24,10 +25,13 @@ from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from ..core.cells import AXES
+from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS
 from .results import SCHEMA, SCHEMA_VERSION
 
-VERDICT_ORDER = ("error", "fail", "xpass", "xfail", "pass", "skip")
-KERNEL_ORDER = ("failed", "verified", "not-run")
+#: Worst first: the verdict a cell reported by several inputs keeps.
+VERDICT_ORDER = (ERROR, FAIL, XPASS, XFAIL, PASS, SKIP)
+#: Most telling first: the kernel result a merged cell shows.
+KERNEL_ORDER = (KERNEL_FAILED, VERIFIED, NOT_RUN)
 
 
 class MergeError(ValueError):
@@ -58,7 +62,7 @@ def validation_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _kernel_failed(record: Mapping[str, Any]) -> bool:
-    return (record.get("kernel") or {}).get("status") == "failed"
+    return (record.get("kernel") or {}).get("status") == KERNEL_FAILED
 
 
 def _describe(record: Mapping[str, Any]) -> str:
@@ -138,8 +142,10 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
         "interrupted": any(r.get("interrupted") for r in runs),
         "cells_total": total,
         "cells_reported": len(merged_cells),
-        "counts": {v: counts.get(v, 0) for v in ("pass", "fail", "error", "skip", "xfail", "xpass")},
+        "counts": {v: counts.get(v, 0) for v in VERDICTS},
         "axes": {a: axes[a] for a in axis_names},
+        "probes": _union_lists(r.get("probes") for r in runs),
+        "models": {name: entry for r in runs for name, entry in (r.get("models") or {}).items()},
         "merged_from": [
             {"file": names[i], "host": r.get("host"), "versions": r.get("versions"),
              "engine_version": (r.get("engine") or {}).get("version"), "git_commit": r.get("git_commit"),
@@ -156,9 +162,19 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
     return doc
 
 
+def _union_lists(tables: Any) -> dict[str, list[Any]]:
+    """axis → values, the union of several ``run.probes`` tables in first-seen order."""
+    out: dict[str, list[Any]] = {}
+    for table in tables:
+        for axis, values in (table or {}).items():
+            known = out.setdefault(axis, [])
+            known.extend(v for v in values if v not in known)
+    return out
+
+
 def _merge_cell(cell_id: str, entries: list[tuple[int, Mapping[str, Any]]], labels: Sequence[str],
                 names: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    ran = [(i, r) for i, r in entries if r.get("verdict") != "skip"] or entries
+    ran = [(i, r) for i, r in entries if r.get("verdict") != SKIP] or entries
     base_i, base = ran[0]
     merged = dict(base)
     runs = []

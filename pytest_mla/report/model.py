@@ -24,9 +24,15 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..core.cells import AXES, format_part
+from ..core.models import BUILTIN_MODELS
+from ..core.verdicts import (
+    ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, REJECTED, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS,
+)
 
-VERIFIED, ACCEPTED, REJECTED, XFAIL, SKIPPED, BAD, MISSING = (
-    "verified", "accepted", "rejected", "xfail", "skipped", "bad", "missing")
+# Legend states. Four are the words of ``core/verdicts.py``: ``verified`` (kernel
+# status), ``accepted`` / ``rejected`` (outcome kinds), ``xfail`` (verdict); the
+# other three exist only in reports.
+SKIPPED, BAD, MISSING = "skipped", "bad", "missing"
 STATES = (VERIFIED, ACCEPTED, REJECTED, XFAIL, SKIPPED, BAD)
 SYMBOLS = {VERIFIED: "✅", ACCEPTED: "☑️", REJECTED: "⛔", XFAIL: "⚠️", SKIPPED: "➖", BAD: "❌", MISSING: "·"}
 PARTIAL = "◐"
@@ -41,8 +47,8 @@ LEGEND = (
 )
 ACCEPTED_STATES = (VERIFIED, ACCEPTED)
 #: Verdicts that count as good / bad when comparing runs.
-GOOD_VERDICTS = ("pass", "xfail")
-BAD_VERDICTS = ("fail", "error")
+GOOD_VERDICTS = (PASS, XFAIL)
+BAD_VERDICTS = (FAIL, ERROR)
 
 
 def cell_state(record: Mapping[str, Any]) -> str:
@@ -50,19 +56,24 @@ def cell_state(record: Mapping[str, Any]) -> str:
     verdict = record.get("verdict")
     if verdict in BAD_VERDICTS or verdict is None:
         return BAD
-    if verdict in ("xfail", "xpass"):
+    if verdict in (XFAIL, XPASS):
         return XFAIL
-    if verdict == "skip":
+    if verdict == SKIP:
         return SKIPPED
     outcome = record.get("outcome") or {}
-    if outcome.get("kind") == "rejected":
+    if outcome.get("kind") == REJECTED:
         return REJECTED
     status = (record.get("kernel") or {}).get("status")
-    if status == "verified":
+    if status == VERIFIED:
         return VERIFIED
-    if status == "failed":
+    if status == KERNEL_FAILED:
         return BAD
     return ACCEPTED
+
+
+def verdict_counts(counts: Mapping[str, int]) -> list[str]:
+    """``["3 pass", "1 fail"]``: the non-zero verdicts, in the order of ``core/verdicts.py``."""
+    return [f"{counts[v]} {v}" for v in VERDICTS if counts.get(v)]
 
 
 def first_line(text: Any) -> str:
@@ -84,6 +95,29 @@ def rejection_text(record: Mapping[str, Any]) -> str:
     return f"{error}: {one_line(outcome.get('message'))}"
 
 
+def reason_line(text: Any) -> str:
+    """A multi-line reason on one line, keeping what each line says.
+
+    ``judge`` writes ``expected accept, but the engine rejected it:`` and the
+    raised text on the next line; a summary that kept only the first line
+    would end at the colon. The caret line of a text diff is dropped (its
+    words stay: "first difference at character N").
+    """
+    if not text:
+        return ""
+    parts = []
+    for line in str(text).splitlines():
+        line = " ".join(line.split())
+        if line.startswith("^"):
+            line = "(" + line.lstrip("^ ").strip() + ")"
+        if line:
+            parts.append(line)
+    out = ""
+    for part in parts:
+        out += part if not out else ((" " if out.endswith(":") or part.startswith("(") else "; ") + part)
+    return out
+
+
 def state_note(record: Mapping[str, Any], state: str) -> str | None:
     """The text a note quotes for a record in ``state`` (None: nothing to explain)."""
     if state == REJECTED:
@@ -95,7 +129,7 @@ def state_note(record: Mapping[str, Any], state: str) -> str | None:
     if state == SKIPPED:
         return f"skipped: {one_line(record.get('reason'))}" if record.get("reason") else "skipped"
     if state == BAD:
-        return f"{record.get('verdict') or 'error'}: {first_line(record.get('reason')) or 'no result'}"
+        return f"{record.get('verdict') or 'error'}: {reason_line(record.get('reason')) or 'no result'}"
     return None
 
 
@@ -108,14 +142,21 @@ def format_key(axes: Sequence[str], key: Sequence[Any], sep: str = " · ") -> st
 
 
 class Notes:
-    """Numbered notes, deduplicated by text, numbered in order of first reference."""
+    """Numbered notes, deduplicated by text, numbered in order of first reference.
+
+    A note may cite other notes (``links``: their numbers, written ``[n]`` in
+    its text), which the HTML page turns into links.
+    """
 
     def __init__(self) -> None:
         self.numbers: dict[str, int] = {}
+        self.links: dict[int, tuple[int, ...]] = {}
 
-    def ref(self, text: str) -> int:
+    def ref(self, text: str, links: Sequence[int] = ()) -> int:
         if text not in self.numbers:
             self.numbers[text] = len(self.numbers) + 1
+            if links:
+                self.links[self.numbers[text]] = tuple(links)
         return self.numbers[text]
 
     def items(self) -> list[tuple[int, str]]:
@@ -188,6 +229,50 @@ class ReportModel:
         self.axes: dict[str, list[Any]] = self._axes()
         self.order: dict[str, dict[Any, int]] = {a: {v: i for i, v in enumerate(vals)}
                                                  for a, vals in self.axes.items()}
+        #: ``run.probes``: axis → values that exercise the engine's input validation.
+        self.probes: dict[str, list[Any]] = {a: list(v) for a, v in (self.run.get("probes") or {}).items()
+                                             if a in self.axes and isinstance(v, list)}
+        #: The cells of the feature tables: every cell without a probe value.
+        self.feature_cells: list[Mapping[str, Any]] = [c for c in self.cells if not self.is_probe(c)]
+        #: Axis values without the probes, in matrix order.
+        self.feature_axes: dict[str, list[Any]] = {a: [v for v in vals if v not in self.probes.get(a, ())]
+                                                   for a, vals in self.axes.items()}
+        self._case_mla: dict[Any, bool] | None = None
+        self._states: dict[int, str] = {}
+
+    @property
+    def states(self) -> dict[int, str]:
+        """``id(record)`` → ``cell_state(record)`` for every cell, computed once."""
+        if len(self._states) != len(self.cells):
+            self._states = {id(c): cell_state(c) for c in self.cells}
+        return self._states
+
+    def state(self, record: Mapping[str, Any]) -> str:
+        """``cell_state(record)``, computed once per record of this document."""
+        state = self.states.get(id(record))
+        return state if state is not None else cell_state(record)
+
+    def is_probe(self, record: Mapping[str, Any]) -> bool:
+        """Whether a coordinate of ``record`` is a probe value."""
+        if not self.probes:
+            return False
+        coords = record.get("coords") or {}
+        return any(coords.get(a) in values for a, values in self.probes.items())
+
+    def is_mla(self, model: str) -> bool | None:
+        """Whether ``model`` uses MLA: from ``run.models``, else the built-in catalogue, else the kernel cases."""
+        entry = (self.run.get("models") or {}).get(model)
+        if isinstance(entry, Mapping) and isinstance(entry.get("mla"), bool):
+            return entry["mla"]
+        if model in BUILTIN_MODELS:
+            return BUILTIN_MODELS[model].mla
+        if self._case_mla is None:
+            self._case_mla = {}
+            for c in self.cells:
+                case = (c.get("kernel") or {}).get("case")
+                if isinstance(case, dict) and isinstance(case.get("mla"), bool):
+                    self._case_mla.setdefault((c.get("coords") or {}).get("model"), case["mla"])
+        return self._case_mla.get(model)
 
     def _axes(self) -> dict[str, list[Any]]:
         declared = self.run.get("axes") or {}
@@ -226,15 +311,15 @@ class ReportModel:
                tables: Sequence[str] | None = None) -> tuple[list[Table], list[str], list[str], list[str], list[str]]:
         t_axes, r_axes, c_axes, hidden = self.layout(rows, cols, tables)
         by_table: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[tuple[Any, ...], list]]] = {}
-        for cell in self.cells:
+        for cell in self.feature_cells:  # probes are listed under "Input validation" instead
             coords = cell.get("coords") or {}
             tk = tuple(coords.get(a) for a in t_axes)
             rk = tuple(coords.get(a) for a in r_axes)
             ck = tuple(coords.get(a) for a in c_axes)
             by_table.setdefault(tk, {}).setdefault(rk, {}).setdefault(ck, []).append(cell)
         # Every row/column value of the axes shows, even where no cell was reported.
-        all_rows = _product([self.axes[a] for a in r_axes])
-        all_cols = _product([self.axes[a] for a in c_axes])
+        all_rows = _product([self.feature_axes[a] for a in r_axes])
+        all_cols = _product([self.feature_axes[a] for a in c_axes])
         out = []
         for tk in sorted(by_table, key=self.sort_key(t_axes)):
             groups = {(rk, ck): cells for rk, by_col in by_table[tk].items() for ck, cells in by_col.items()}
@@ -297,7 +382,7 @@ class ReportModel:
         for c in self.cells:
             runs = c.get("kernel_runs") or ([c["kernel"]] if c.get("kernel") else [])
             for k in runs:
-                if k and k.get("status") in ("verified", "failed") and k.get("where"):
+                if k and k.get("status") in (VERIFIED, KERNEL_FAILED) and k.get("where"):
                     wheres.add(str(k["where"]))
         return sorted(wheres)
 

@@ -67,11 +67,19 @@ def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check a result file; raise ``ResultFileError`` with a one-line reason."""
     shown = os.fspath(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark is not JSON
+    except IsADirectoryError:
+        raise ResultFileError(f"{shown}: is a directory, not a result file") from None
     except OSError as exc:
         raise ResultFileError(f"{shown}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ResultFileError(f"{shown}: not a pytest-mla result file (not UTF-8 text)") from None
+    return parse_results(text, shown)
+
+
+def parse_results(text: str, shown: str = "<result>") -> dict[str, Any]:
+    """A result document from its text (``read_results`` without the file); ``shown`` names it in errors."""
+    text = text.removeprefix("\ufeff")
     if not text.lstrip().startswith("{"):
         what = "empty file" if not text.strip() else "not JSON"
         raise ResultFileError(f"{shown}: not a pytest-mla result file ({what})")
@@ -94,9 +102,29 @@ def check_document(doc: Any, shown: str = "<result>") -> dict[str, Any]:
         )
     if not isinstance(doc.get("run"), dict) or not isinstance(doc.get("cells"), list):
         raise ResultFileError(f"{shown}: malformed result file: needs a \"run\" object and a \"cells\" list")
+    run = doc["run"]
+    for key in ("axes", "probes", "models"):
+        value = run.get(key)
+        if value is not None and (not isinstance(value, dict)
+                                  or key != "models" and not all(isinstance(v, list) for v in value.values())):
+            raise ResultFileError(f"{shown}: malformed run.{key}: needs an object"
+                                  + (" of lists" if key != "models" else ""))
+    first: dict[str, int] = {}
     for i, cell in enumerate(doc["cells"]):
         if not isinstance(cell, dict) or not isinstance(cell.get("id"), str) or "verdict" not in cell:
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: needs \"id\" and \"verdict\"")
+        if first.setdefault(cell["id"], i) != i:
+            raise ResultFileError(f"{shown}: cells[{i}] repeats cell {cell['id']!r} of cells[{first[cell['id']]}]")
+        if cell["verdict"] is not None and not isinstance(cell["verdict"], str):
+            raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"verdict\" must be a string")
+        for key in ("coords", "expectation", "outcome", "kernel"):
+            if cell.get(key) is not None and not isinstance(cell[key], dict):
+                raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"{key}\" must be an object")
+        if cell.get("kernel_runs") is not None and not (
+                isinstance(cell["kernel_runs"], list) and all(isinstance(k, dict) for k in cell["kernel_runs"])):
+            raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"kernel_runs\" must be a list of objects")
+        if cell.get("notes") is not None and not isinstance(cell["notes"], list):
+            raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"notes\" must be a list")
     return doc
 
 

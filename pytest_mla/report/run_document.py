@@ -65,6 +65,8 @@ def build_document(matrix: Matrix, records: Iterable[CellRecord], *, engine: Map
         "cells_reported": len(cells),
         "counts": {v: counts.get(v, 0) for v in VERDICTS},
         "axes": {k: list(v) for k, v in matrix.axes.items()},
+        "probes": {k: list(v) for k, v in matrix.probes.items()},
+        "models": {name: matrix.models[name].as_dict() for name in matrix.axes["model"]},
     }
     return {"run": run, "cells": cells}
 

@@ -11,7 +11,8 @@ from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.records import CellRecord, kernel_of
-from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, VERDICTS, VERIFIED
+from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, VERIFIED
+from .model import reason_line, verdict_counts
 
 __all__ = ["build_summary", "worst_kernel_errors"]
 
@@ -30,7 +31,7 @@ def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str
     lines: list[Line] = []
     counts = Counter(r["verdict"] for r in records)
     kernels = Counter(kernel_of(r).get("status") for r in records)
-    lines.append((f"{len(records)} cells: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts.get(v)), {}))
+    lines.append((f"{len(records)} cells: " + ", ".join(verdict_counts(counts)), {}))
     if kernels.get(VERIFIED) or kernels.get(KERNEL_FAILED):
         reused = sum(1 for r in records if kernel_of(r).get("reused"))
         lines.append((f"kernels: {kernels.get(VERIFIED, 0)} verified ({reused} reused), "
@@ -41,8 +42,8 @@ def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str
     bad = [r for r in records if r["verdict"] in (FAIL, ERROR)]
     limit = None if verbosity > 0 else LIST_LIMIT
     for r in bad[:limit]:
-        first = (r.get("reason") or "").splitlines()[0] if r.get("reason") else ""
-        lines.append((f"  {r['verdict'].upper():5} {r['id']}: {first}", {}))
+        # the whole reason on one line: the expectation and the engine's text, not a line ending at a colon
+        lines.append((f"  {r['verdict'].upper():5} {r['id']}: {reason_line(r.get('reason'))}", {}))
     if limit is not None and len(bad) > limit:
         lines.append((f"  ... and {len(bad) - limit} more (-v lists all)", {}))
     if verbosity >= 0:

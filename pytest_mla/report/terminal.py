@@ -1,8 +1,10 @@
-"""A compact plain-text matrix for ``pytest_terminal_summary``.
+"""A compact plain-text matrix for ``pytest_terminal_summary`` and ``pytest-mla render -f terminal``.
 
-A few lines per matrix: one count line, then backends as rows and GPU archs
-as columns, each cell summarising every other axis with the symbols of the
-Markdown legend (``◐ k/n``: accepted in k of n cells).
+View ``grid`` (the default): a few lines per matrix: one count line, then
+backends as rows and GPU archs as columns, each cell summarising every other
+axis with the symbols of the Markdown legend (``◐ k/n``: accepted in k of n
+cells); probe values are left out (the Markdown lists them). View
+``backends``: the backends view (``backends.py``) as plain text, with its notes.
 """
 
 from __future__ import annotations
@@ -10,7 +12,12 @@ from __future__ import annotations
 import unicodedata
 from typing import Any, Mapping
 
-from .model import SYMBOLS, Notes, ReportModel, format_key
+from .backends import BackendsView, build_backends_view
+from .model import (
+    ACCEPTED, BAD, KERNEL_FAILED, REJECTED, SYMBOLS, VERIFIED, XFAIL, Notes, ReportModel, format_key, verdict_counts,
+)
+
+VIEWS = ("grid", "backends", "all")
 
 
 def display_width(text: str) -> int:
@@ -32,16 +39,54 @@ def _pad(text: str, width: int) -> str:
     return text + " " * max(0, width - display_width(text))
 
 
-def render_terminal(document: Mapping[str, Any], width: int = 100) -> str:
+def render_terminal(document: Mapping[str, Any], width: int = 100, *, view: str = "grid") -> str:
     """The matrix of one result document in a few plain-text lines (no trailing newline)."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r} (known: {', '.join(VIEWS)})")
     model = ReportModel(document)
+    if view == "backends":
+        return _head(model) + "\n" + render_backends_text(build_backends_view(model))
+    grid = _grid(model, width)
+    if view == "all":
+        return grid + "\n\n" + render_backends_text(build_backends_view(model))
+    return grid
+
+
+def _head(model: ReportModel) -> str:
     run = model.run
-    counts = model.counts()
-    parts = [f"{counts[v]} {v}" for v in ("pass", "fail", "error", "skip", "xfail", "xpass") if counts.get(v)]
+    parts = verdict_counts(model.counts())
     kernels = model.kernel_counts()
     head = f"{run.get('matrix') or 'matrix'}: {len(model.cells)} cells, " + ", ".join(parts or ["none"])
-    if kernels.get("verified") or kernels.get("failed"):
-        head += f"; kernels {kernels.get('verified', 0)} verified, {kernels.get('failed', 0)} failed"
+    if kernels.get(VERIFIED) or kernels.get(KERNEL_FAILED):
+        head += f"; kernels {kernels.get(VERIFIED, 0)} verified, {kernels.get(KERNEL_FAILED, 0)} failed"
+    return head
+
+
+def render_backends_text(view: BackendsView) -> str:
+    """The backends view as aligned plain text: one block per model family, then the notes."""
+    lines: list[str] = []
+    for family in view.families:
+        lines.append(f"{family.title}: {', '.join(family.models)}")
+        if family.rows:
+            grid = [["backend"] + [c.title for c in view.columns] + ["verified on"]]
+            for row in family.rows:
+                grid.append([row.backend + "".join(f" [{n}]" for n in row.refs)] + [e.text for e in row.entries]
+                            + [row.verified + "".join(f" [{n}]" for n in row.verified_refs)])
+            widths = [max(display_width(r[i]) for r in grid) + 2 for i in range(len(grid[0]))]
+            lines += ["  " + "".join(_pad(c, w) for c, w in zip(r, widths)).rstrip() for r in grid]
+        if family.refused:
+            lines.append("  refused in every configuration: " + ", ".join(
+                r.backend + "".join(f" [{n}]" for n in r.refs) for r in family.refused))
+    for n, text in view.notes.items():
+        lines.append(f"[{n}] {text}")
+    for p in view.probes:
+        where = f" {p.condition}" if p.condition else ""
+        lines.append(f"probe {p.axis} = {p.value}{where}: {p.symbol} {p.text} ({p.cells} cells)")
+    return "\n".join(lines)
+
+
+def _grid(model: ReportModel, width: int) -> str:
+    head = _head(model)
     lines = [head]
     if not model.cells:
         return head
@@ -68,9 +113,11 @@ def render_terminal(document: Mapping[str, Any], width: int = 100) -> str:
     for rk, row in zip(table.row_keys, grid):
         lines.append((_pad(format_key(r_axes, rk), label_w)
                       + "".join(_pad(c, w) for c, w in zip(row[:shown], col_w))).rstrip())
-    legend = " ".join(f"{SYMBOLS[s]} {s}" for s in ("verified", "accepted", "rejected", "xfail", "bad"))
-    lines.append(f"({legend}; ◐ k/n accepted in k of n; over {', '.join(hidden) or 'nothing'})")
+    legend = " ".join(f"{SYMBOLS[s]} {s}" for s in (VERIFIED, ACCEPTED, REJECTED, XFAIL, BAD))
+    probes = "; probes left out: " + ", ".join(f"{a} {', '.join(str(v) for v in vals)}"
+                                              for a, vals in model.probes.items()) if model.probes else ""
+    lines.append(f"({legend}; ◐ k/n accepted in k of n; over {', '.join(hidden) or 'nothing'}{probes})")
     return "\n".join(lines)
 
 
-__all__ = ["render_terminal", "display_width"]
+__all__ = ["render_terminal", "render_backends_text", "display_width"]

@@ -46,17 +46,19 @@ def test_check_passes_then_catches_a_stale_table(run_dir, capsys):
     assert main(["check", str(doc), "--from", result]) == 0
     capsys.readouterr()
     lines = doc.read_text(encoding="utf-8").splitlines(keepends=True)
-    row = next(i for i, line in enumerate(lines) if line.startswith("| trtllm"))
-    lines[row] = lines[row].replace("⛔", "✅", 1)  # a hand edit of the published table
+    grid = lines.index("## Full matrix\n")
+    row = next(i for i, line in enumerate(lines) if i > grid and line.startswith("| trtllm"))
+    lines[row] = lines[row].replace("⛔", "✅", 1)  # a hand edit of the published grid
     doc.write_text("".join(lines), encoding="utf-8")
     assert main(["check", str(doc), "--from", result]) == 1
     captured = capsys.readouterr()
     assert "--- " in captured.out and "+++ " in captured.out and "-| " in captured.out
-    assert "is stale" in captured.err
-    # another layout is its own document
+    assert "is stale" in captured.err and f"first difference at line {row + 1}, column " in captured.err
+    # another layout is its own document: its banner says how it was rendered, and check follows it
     assert main(["render", result, "--rows", "backend", "--cols", "arch,dcp", "-o", str(doc)]) == 0
-    assert main(["check", str(doc), "--from", result]) == 1
-    assert main(["check", str(doc), "--from", result, "--rows", "backend", "--cols", "arch,dcp"]) == 0
+    assert "--rows backend --cols arch,dcp" in doc.read_text(encoding="utf-8").splitlines()[0]
+    assert main(["check", str(doc), "--from", result]) == 0
+    assert main(["check", str(doc), "--from", result, "--rows", "backend", "--cols", "arch,spec"]) == 1
 
 
 def test_check_is_stable_across_reruns(pytester, run_dir):

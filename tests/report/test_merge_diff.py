@@ -41,7 +41,7 @@ def test_merge_two_arch_hosts_into_one_table():
     cell = find(merged, "deepseek-v3/triton/dcp1/none/sm100")
     assert cell["kernel"]["status"] == "verified" and cell["kernel"]["where"] == "sm100"
     assert cell["kernel_runs"][0]["host"].startswith("sm100")
-    md = render_markdown(merged)
+    md = render_markdown(merged, view="grid")
     triton = next(line for line in md.splitlines() if line.startswith("| triton"))
     assert "sm90 · none" in md and "sm100 · none" in md and triton.count("✅") == 4
     assert "merged from 2 runs (host archs: sm100, sm90)" in md
@@ -124,7 +124,8 @@ def test_diff_sorts_changes():
     assert [c.id for c in d.regressions] == ["deepseek-v3/triton/dcp1/none/sm90", "deepseek-v3/flashmla/dcp2/none/sm100"]
     assert [c.id for c in d.fixes] == ["deepseek-v3/triton/dcp2/none/sm90"]
     assert [c.id for c in d.gone] == ["llama-3.1-8b/triton/dcp4/eagle-1x3/sm100"]
-    assert d.regressions[1].reason == "expected accept, but the engine rejected it:"
+    # the expectation and the engine's raised text, not a line that ends at the colon (issue 13)
+    assert d.regressions[1].reason == "expected accept, but the engine rejected it: raised: ValueError: x"
     assert "| `deepseek-v3/flashmla/dcp2/none/sm100` |" in d.markdown()
     back = diff_documents(new, old)
     assert [c.id for c in back.new] == ["llama-3.1-8b/triton/dcp4/eagle-1x3/sm100"]
@@ -136,7 +137,8 @@ def test_cli_diff_exit_code_names_the_cell(tmp_path, capsys):
     po, pn = write(tmp_path, "old.json", old), write(tmp_path, "new.json", new)
     assert main(["diff", po, pn]) == 1
     out = capsys.readouterr().out
-    assert "REGRESSION deepseek-v3/flashmla/dcp2/none/sm100: pass ☑️ accepted → fail ❌ bad" in out
+    assert ("REGRESSION deepseek-v3/flashmla/dcp2/none/sm100: pass ☑️ accepted → fail ❌ bad: "
+            "expected accept, but the engine rejected it: raised: ValueError: x") in out
     assert main(["diff", po, pn, "--format", "md"]) == 1
     assert "#### Regressions (2)" in capsys.readouterr().out
     assert main(["diff", po, po]) == 0

@@ -1,0 +1,728 @@
+"""The backends view: the table engine docs publish, built from verified outcomes.
+
+One table per model family (MLA models, non-MLA models), one row per backend,
+one column per feature the matrix has an axis for:
+
+- one column per GPU arch: the backend's *plain* configuration on that arch
+  (no speculation, no DCP, the default KV dtype; every model of the family
+  and every page size);
+- ``spec chain`` / ``spec tree``: speculative decoding with topk 1 / topk > 1;
+- ``DCP`` / ``DCP + spec``: decode context parallelism (size > 1) without /
+  with speculative decoding;
+- one column per KV dtype besides the default, one per page size;
+- ``verified on``: where the decode kernel was verified, in how many of the
+  accepted configurations.
+
+Each entry summarises the cells its column selects; every axis the column
+does not fix (the family's models, the arch, the page size, tp, ...) is
+summarised inside it, and a note names the exceptions in words.
+
+**Which cells count.** A feature column asks: where the backend serves the
+plain configuration, does it serve it *with* the feature? A cell of a feature
+column counts when the engine accepted it, when it went wrong (fail, error,
+xfail), or when its *plain twins* were accepted: the same cell with each of
+the column's axes reset (spec ``none``, DCP 1, the default KV dtype; for a
+page size, any other page size). A refusal whose twin was refused too is the
+plain configuration's refusal: the arch columns show it, the feature columns
+do not repeat it. Where no cell counts, every cell does.
+
+**Entries.** ✅ every counted cell accepted and its decode kernel verified
+wherever it ran; ☑️ accepted, kernel not run here; ❌ refused (the notes quote
+the engine; each refusal text is quoted once, in a note of its own, which
+other notes cite); ◐ accepted under a condition, which the note names ("not
+on sm80", "only with page size 64"), found from the cells: a few products of
+axis values that hold the refused cells and none of the accepted ones (or the
+other way round); ⚠️ a cell failed (mismatch with the matrix, kernel out of
+tolerance, crash) or is a known bug; ➖ not applicable (a ``skip`` rule, or
+skipped). The engine's own remarks on accepted cells (``notes``: "page size 1
+resolved to 64") become notes on the backend's name, each saying where it
+holds ("every accepted configuration", "with KV fp8_e5m2").
+
+Probe cells (``run.probes``) are left out of every entry and listed in an
+"Input validation" section: each probe value with the engine's answers.
+
+Pure Python, no I/O; ``markdown.py`` and ``html.py`` render the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import operator
+from typing import Any, Callable, Mapping, Sequence
+
+from ..core.cells import AXES
+from ..core.spec import SpecError, parse_spec
+from ..core.verdicts import ACCEPTED, KERNEL_FAILED, VERIFIED
+from .model import (
+    BAD, MISSING, REJECTED, SKIPPED, XFAIL, Notes, ReportModel, cell_state, format_value, one_line, reason_line,
+    rejection_text,
+)
+
+# Entry symbols of this view (the grid's ⛔ is ❌ here: a refusal is the answer "no").
+SYMBOL = {VERIFIED: "✅", ACCEPTED: "☑️", REJECTED: "❌", "partial": "◐", "bug": "⚠️", SKIPPED: "➖", MISSING: "·"}
+LEGEND = (
+    (VERIFIED, "accepted; decode kernel verified wherever it ran"),
+    (ACCEPTED, "accepted; kernel not run here"),
+    (REJECTED, "refused by the engine (the note quotes it)"),
+    ("partial", "accepted only under the condition the note names"),
+    ("bug", "a cell failed its check or is a known bug (the note says which)"),
+    (SKIPPED, "not applicable"),
+)
+
+#: The axes a column's test reads.
+_SELECT_AXES = ("arch", "spec", "dcp", "kv_dtype", "page_size")
+#: Axes whose plain value is "any other value" (a page size has no default).
+_ANY_AXES = ("arch", "page_size")
+#: Conditions give up beyond this many products of axis values, or of constrained axes in one.
+MAX_CLAUSES, MAX_CLAUSE_AXES = 3, 3
+_FAMILY_TITLES = {True: "MLA models", False: "Non-MLA models", None: "Models"}
+COUNTING = ("A feature column counts a refusal only where the same configuration without the feature is accepted "
+            "(the arch columns show the others).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    title: str
+    kind: str  # arch / chain / tree / dcp / dcp+spec / kv_dtype / page_size
+    test: Callable[[Mapping[str, Any]], bool]  # does a cell's coords belong to this column
+    reset: tuple[str, ...]  # the axes its twins reset
+    explains: str  # which configurations, in words
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    state: str  # a SYMBOL key
+    refs: tuple[int, ...] = ()
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOL[self.state]
+
+    @property
+    def text(self) -> str:
+        return self.symbol + "".join(f" [{n}]" for n in self.refs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    backend: str
+    refs: tuple[int, ...]  # engine notes shared by every accepted configuration
+    entries: tuple[Entry, ...]
+    verified: str  # the "verified on" text
+    verified_refs: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """A backend the engine refused in every configuration of the family."""
+
+    backend: str
+    refs: tuple[int, ...]  # its refusals of the plain configurations
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    mla: bool | None
+    models: tuple[str, ...]
+    rows: tuple[Row, ...]
+    refused: tuple[Refused, ...]
+
+    @property
+    def title(self) -> str:
+        return _FAMILY_TITLES[self.mla]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeAnswer:
+    """One answer of the engine to one probe value (a probe may get several, each with its condition)."""
+
+    axis: str
+    value: Any
+    first: bool  # the first answer of this probe value
+    cells: int
+    condition: str  # "" (every cell of the probe) or e.g. "with DCP 0"
+    state: str  # a SYMBOL key
+    text: str  # the engine's refusal, "accepted", or what went wrong
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOL[self.state]
+
+
+@dataclasses.dataclass
+class BackendsView:
+    columns: list[Column]
+    families: list[Family]
+    probes: list[ProbeAnswer]
+    notes: Notes
+    plain: dict[str, Any]  # axis → the plain value the columns hold fixed
+
+    def explain_columns(self) -> list[tuple[str, str]]:
+        """(column titles, what they hold) for the line under the legend; see ``COUNTING`` for the rest."""
+        out = []
+        arch = [c.title for c in self.columns if c.kind == "arch"]
+        if arch:
+            plain = self.describe_plain() or "every configuration"
+            out.append((", ".join(arch), f"{plain} on that arch, with every model of the family and every other setting"))
+        out += [(c.title, c.explains) for c in self.columns if c.kind != "arch"]
+        out.append(("verified on", "where the decode kernel was verified, in how many of the accepted configurations"))
+        return out
+
+    def describe_plain(self) -> str:
+        """What the arch columns hold fixed: ``no speculative decoding, DCP 1``."""
+        parts = []
+        if "spec" in self.plain:
+            parts.append("no speculative decoding")
+        if "dcp" in self.plain:
+            parts.append(f"DCP {self.plain['dcp']}")
+        return ", ".join(parts)
+
+
+# -- building the view ------------------------------------------------------------------
+def build_backends_view(model: ReportModel) -> BackendsView:
+    """The backends view of one result document."""
+    notes = Notes()
+    plain = _plain_values(model)
+    columns = _columns(model, plain)
+    families = []
+    kinds = {m: model.is_mla(m) for m in model.feature_axes.get("model", [])}
+    for mla in (True, False, None):
+        models = [m for m, kind in kinds.items() if kind is mla]
+        if not models:
+            continue
+        cells = [c for c in model.feature_cells if (c.get("coords") or {}).get("model") in models]
+        by_backend: dict[Any, list[Mapping[str, Any]]] = {}
+        for c in cells:
+            by_backend.setdefault(c["coords"].get("backend"), []).append(c)
+        backends = [b for b in model.feature_axes.get("backend", []) if b in by_backend]
+        states = model.states
+        served = [b for b in backends if any(states[id(c)] != REJECTED for c in by_backend[b])]
+        rows = [_row(model, b, by_backend[b], columns, plain, notes) for b in served]
+        refused = [_refused(model, b, by_backend[b], plain, notes) for b in backends if b not in served]
+        if rows or refused:
+            families.append(Family(mla, tuple(models), tuple(rows), tuple(refused)))
+    return BackendsView(columns, families, build_probe_answers(model), notes, plain)
+
+
+def _plain_values(model: ReportModel) -> dict[str, Any]:
+    axes = model.feature_axes
+    plain: dict[str, Any] = {}
+    if "none" in axes.get("spec", []):
+        plain["spec"] = "none"
+    if 1 in axes.get("dcp", []):
+        plain["dcp"] = 1
+    if axes.get("kv_dtype"):
+        plain["kv_dtype"] = "auto" if "auto" in axes["kv_dtype"] else axes["kv_dtype"][0]
+    return plain
+
+
+def _spec_kind(value: str) -> str | None:
+    try:
+        s = parse_spec(value)
+    except SpecError:
+        return None
+    if not s.enabled:
+        return None
+    return "tree" if s.is_tree else "chain"
+
+
+def _columns(model: ReportModel, plain: Mapping[str, Any]) -> list[Column]:
+    axes = model.feature_axes
+
+    def fixed(*names: str) -> Callable[[Mapping[str, Any]], bool]:
+        pinned = [(a, plain[a]) for a in names if a in plain]
+        return lambda coords: all(coords.get(a) == v for a, v in pinned)
+
+    def words(values: Sequence[Any]) -> str:
+        return _join([str(v) for v in values], "or")
+
+    columns: list[Column] = []
+    base = fixed("spec", "dcp")
+    for arch in axes.get("arch", []):
+        columns.append(Column(arch, "arch", lambda c, a=arch: c.get("arch") == a and base(c), (),
+                              f"the plain configuration on {arch}"))
+    kinds = {s: _spec_kind(s) for s in axes.get("spec", [])}
+    chains = [s for s, k in kinds.items() if k == "chain"]
+    trees = [s for s, k in kinds.items() if k == "tree"]
+    no_dcp = fixed("dcp")
+    if chains:
+        columns.append(Column("spec chain", "chain", lambda c: c.get("spec") in chains and no_dcp(c), ("spec",),
+                              f"speculative decoding with topk 1 ({words(chains)})"))
+    if trees:
+        columns.append(Column("spec tree", "tree", lambda c: c.get("spec") in trees and no_dcp(c), ("spec",),
+                              f"speculative decoding with a draft tree, topk > 1 ({words(trees)})"))
+    dcps = [d for d in axes.get("dcp", []) if isinstance(d, int) and d > 1]
+    if dcps and "dcp" in plain:
+        no_spec = fixed("spec")
+        columns.append(Column("DCP", "dcp", lambda c: c.get("dcp") in dcps and no_spec(c), ("dcp",),
+                              f"decode context parallelism, size {words(dcps)}"))
+        if (chains or trees) and "spec" in plain:
+            enabled = chains + trees
+            columns.append(Column("DCP + spec", "dcp+spec", lambda c: c.get("dcp") in dcps and c.get("spec") in enabled,
+                                  ("dcp", "spec"), f"DCP {words(dcps)} with {words(enabled)}"))
+    for kv in axes.get("kv_dtype", []):
+        if kv != plain.get("kv_dtype"):
+            columns.append(Column(f"KV {kv}", "kv_dtype", lambda c, k=kv: c.get("kv_dtype") == k and base(c),
+                                  ("kv_dtype",), f"KV cache dtype {kv} (instead of {plain['kv_dtype']})"))
+    pages = axes.get("page_size", [])
+    if len(pages) > 1:
+        for page in pages:
+            columns.append(Column(f"page {page}", "page_size", lambda c, p=page: c.get("page_size") == p and base(c),
+                                  ("page_size",), f"page size {page}"))
+    return columns
+
+
+class _Twins:
+    """Which configurations of one row the engine accepted, for the plain-twin lookups."""
+
+    def __init__(self, axes: Sequence[str], cells: Sequence[Mapping[str, Any]]) -> None:
+        self.axes = list(axes)
+        self.index = {a: i for i, a in enumerate(self.axes)}
+        self.accepted: set[tuple[Any, ...]] = set()
+        self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES if a in axes}
+        self.keys = {id(c): self.key(c["coords"]) for c in cells}
+        for c in cells:
+            if (c.get("outcome") or {}).get("kind") != ACCEPTED:
+                continue
+            key = self.keys[id(c)]
+            self.accepted.add(key)
+            for a, index in self.accepted_any.items():
+                i = self.index[a]
+                index.setdefault(key[:i] + key[i + 1:], set()).add(key[i])
+
+    def key(self, coords: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(map(coords.get, self.axes))
+
+    def plain_accepted(self, key: tuple[Any, ...], axis: str, plain: Mapping[str, Any]) -> bool:
+        """Whether the twin of the cell ``key`` with ``axis`` reset was accepted (no plain value: yes)."""
+        i = self.index[axis]
+        if axis in self.accepted_any:
+            others = self.accepted_any[axis].get(key[:i] + key[i + 1:], ())
+            return any(v != key[i] for v in others)
+        if axis not in plain:
+            return True
+        return key[:i] + (plain[axis],) + key[i + 1:] in self.accepted
+
+
+def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
+         plain: Mapping[str, Any], notes: Notes) -> Row:
+    twins = _Twins(list(model.axes), cells)
+    accepted = [c for c in cells if model.state(c) in (VERIFIED, ACCEPTED)]
+    row_refs = tuple(_engine_note_refs(model, accepted, notes))  # numbered first: the name comes first
+    # Columns select by a few axes: test each distinct combination of them once, then sort
+    # the cells into their columns in one pass (a cell is in one to three columns).
+    present = [a for a in _SELECT_AXES if a in twins.index]
+    pick = operator.itemgetter(*[twins.index[a] for a in present]) if present else (lambda key: ())
+    keys = [pick(twins.keys[id(c)]) for c in cells]
+    if len(present) == 1:
+        keys = [(k,) for k in keys]
+    members: dict[tuple[Any, ...], list[int]] = {}
+    for k in set(keys):
+        coords = dict(zip(present, k))
+        members[k] = [i for i, column in enumerate(columns) if column.test(coords)]
+    chosen: list[list[Mapping[str, Any]]] = [[] for _ in columns]
+    for c, k in zip(cells, keys):
+        for i in members[k]:
+            chosen[i].append(c)
+    entries = [_entry(model, chosen[i], column, twins, plain, notes) for i, column in enumerate(columns)]
+    verified, verified_refs = _verified_on(cells, notes)
+    return Row(backend, row_refs, tuple(entries), verified, verified_refs)
+
+
+def _engine_note_refs(model: ReportModel, accepted: Sequence[Mapping[str, Any]], notes: Notes) -> list[int]:
+    """The engine's remarks on the accepted configurations of a row, each with where it holds."""
+    texts: dict[str, list[Mapping[str, Any]]] = {}
+    for c in accepted:
+        for n in c.get("notes") or []:
+            texts.setdefault(str(n), []).append(c)
+    everywhere = [t for t, members in texts.items() if len(members) == len(accepted)]
+    refs = []
+    if everywhere:
+        quoted = ", ".join(f"“{one_line(t)}”" for t in everywhere)
+        refs.append(notes.ref(f"every accepted configuration: the engine noted {quoted}"))
+    space = _Space(model, accepted)
+    for text, members in texts.items():
+        if text not in everywhere:
+            where = space.where(members, _others(accepted, members))
+            refs.append(notes.ref(f"{where}: the engine noted “{one_line(text)}”"))
+    return refs
+
+
+def _refused(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], plain: Mapping[str, Any],
+             notes: Notes) -> Refused:
+    pinned = [(a, plain[a]) for a in ("spec", "dcp") if a in plain]
+    plain_cells = [c for c in cells if all(c["coords"].get(a) == v for a, v in pinned)] or cells
+    return Refused(backend, tuple(_refusal_refs(_Space(model, plain_cells), plain_cells, notes)))
+
+
+def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, twins: _Twins,
+           plain: Mapping[str, Any], notes: Notes) -> Entry:
+    if not cells:
+        return Entry(MISSING)
+    all_states = model.states
+    if column.reset:
+        keys, reset, plain_accepted = twins.keys, column.reset, twins.plain_accepted
+        counted = [c for c in cells
+                   if (c.get("outcome") or {}).get("kind") == ACCEPTED or all_states[id(c)] in (BAD, XFAIL)
+                   or all(plain_accepted(keys[id(c)], axis, plain) for axis in reset)] or cells
+    else:  # an arch column: every cell counts
+        counted = cells
+    space = _Space(model, counted)
+    states = [all_states[id(c)] for c in counted]
+    bugs = [c for c, s in zip(counted, states) if s in (BAD, XFAIL)]
+    if bugs:
+        return Entry("bug", tuple(_grouped_notes(space, bugs, counted, _bug_text, notes)))
+    ok = [c for c, s in zip(counted, states) if s in (VERIFIED, ACCEPTED)]
+    refused = [c for c, s in zip(counted, states) if s == REJECTED]
+    na = [c for c, s in zip(counted, states) if s == SKIPPED]
+    refs: list[int] = []
+    if not ok and not refused:
+        return Entry(SKIPPED, tuple(_grouped_notes(space, na, counted, _na_text, notes)))
+    if ok and not refused:
+        state = VERIFIED if any(_kernel_verified(c) for c in ok) else ACCEPTED
+    elif refused and not ok:
+        state = REJECTED
+        refs += _refusal_refs(space, refused, notes)
+    else:
+        state = "partial"
+        refs.append(_condition_note(space, ok, refused, notes))
+    if na:
+        refs += _grouped_notes(space, na, counted, _na_text, notes)
+    return Entry(state, tuple(dict.fromkeys(refs)))
+
+
+#: A ❌ cites up to this many refusals itself; more go into one note that cites them all.
+MAX_INLINE_REFUSALS = 2
+_AXIS_NAMES = {"model": "the model", "dcp": "the DCP size", "spec": "the speculative setting", "arch": "the arch",
+               "kv_dtype": "the KV dtype", "page_size": "the page size", "tp": "TP", "backend": "the backend"}
+
+
+def _refusal_refs(space: "_Space", refused: Sequence[Mapping[str, Any]], notes: Notes) -> list[int]:
+    """The notes quoting these refusals (each text once); many texts are cited from one note that says why."""
+    numbers = list(dict.fromkeys(notes.ref(rejection_text(c)) for c in refused))
+    if len(numbers) <= MAX_INLINE_REFUSALS:
+        return numbers
+    axes = space.deciding_axes(refused, rejection_text)
+    words = _join([_AXIS_NAMES.get(a, a) for a in axes], "and") or "the configuration"
+    return [notes.ref(f"refused; the engine's message depends on {words}: {_cite(numbers)}", links=numbers)]
+
+
+def _cite(numbers: Sequence[int]) -> str:
+    return " ".join(f"[{n}]" for n in numbers)
+
+
+def _condition_note(space: "_Space", ok: Sequence[Mapping[str, Any]], refused: Sequence[Mapping[str, Any]],
+                    notes: Notes) -> int:
+    """The ◐ note: where the engine refuses (or the only place it accepts), citing the refusals."""
+    by_text: dict[str, list[Mapping[str, Any]]] = {}
+    for c in refused:
+        by_text.setdefault(rejection_text(c), []).append(c)
+    refusal_numbers = {text: notes.ref(text) for text in by_text}
+    not_clauses = space.cover(refused, ok)
+    only_clauses = space.cover(ok, refused)
+    use_only = only_clauses is not None and len(only_clauses) == 1 and (
+        not_clauses is None or len(not_clauses) > 1
+        or space.weight(only_clauses[0]) < space.weight(not_clauses[0]))
+    if use_only:
+        cited = list(refusal_numbers.values())
+        text = f"only {space.phrase(only_clauses[0])}; refused otherwise: {_cite(cited)}"
+    elif not_clauses is not None:
+        parts, cited, seen = [], [], set()
+        for clause in not_clauses:
+            fresh = [c for c in refused if space.inside(c, clause) and id(c) not in seen]
+            seen.update(id(c) for c in fresh)
+            numbers = list(dict.fromkeys(refusal_numbers[rejection_text(c)] for c in fresh))
+            cited += numbers
+            parts.append(f"not {space.phrase(clause)} (refused: {_cite(numbers)})")
+        text = "; ".join(parts)
+    else:
+        cited = list(refusal_numbers.values())
+        shown = ", ".join(space.label(c) for c in ok[:6]) + (f" and {len(ok) - 6} more" if len(ok) > 6 else "")
+        text = f"accepted in {len(ok)} of {len(ok) + len(refused)} configurations ({shown}); refused otherwise: {_cite(cited)}"
+    return notes.ref(text, links=tuple(dict.fromkeys(cited)))
+
+
+def _bug_text(cell: Mapping[str, Any]) -> str:
+    verdict = cell.get("verdict") or "error"
+    if cell_state(cell) == XFAIL:
+        reason = (cell.get("expectation") or {}).get("xfail") or cell.get("reason")
+        return f"known bug ({verdict}): {one_line(reason)}" if reason else f"known bug ({verdict})"
+    return f"{verdict}: {reason_line(cell.get('reason')) or 'no result'}"
+
+
+def _na_text(cell: Mapping[str, Any]) -> str:
+    reason = cell.get("reason") or (cell.get("expectation") or {}).get("reason")
+    return f"not applicable: {one_line(reason)}" if reason else "not applicable"
+
+
+def _grouped_notes(space: "_Space", chosen: Sequence[Mapping[str, Any]], universe: Sequence[Mapping[str, Any]],
+                   text_of: Callable[[Mapping[str, Any]], str], notes: Notes) -> list[int]:
+    """One note per distinct text, each naming where it holds (nothing when it holds in every counted cell)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for c in chosen:
+        groups.setdefault(text_of(c), []).append(c)
+    refs = []
+    for text, members in groups.items():
+        where = space.where(members, _others(universe, members))
+        refs.append(notes.ref(f"{where}: {text}" if where else text))
+    return refs
+
+
+def _others(cells: Sequence[Mapping[str, Any]], chosen: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    ids = {id(c) for c in chosen}
+    return [c for c in cells if id(c) not in ids]
+
+
+def _kernel_runs(cell: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    runs = cell.get("kernel_runs")
+    if runs:
+        return [r for r in runs if isinstance(r, dict)]
+    kernel = cell.get("kernel")
+    return [kernel] if isinstance(kernel, dict) else []
+
+
+def _kernel_verified(cell: Mapping[str, Any]) -> bool:
+    return any(r.get("status") == VERIFIED for r in _kernel_runs(cell))
+
+
+def _verified_on(cells: Sequence[Mapping[str, Any]], notes: Notes) -> tuple[str, tuple[int, ...]]:
+    """``interpreter · 12 of 36``: where kernels were verified, in how many accepted configurations."""
+    accepted = [c for c in cells if (c.get("outcome") or {}).get("kind") == ACCEPTED]
+    if not accepted:
+        return "—", ()
+    wheres: list[str] = []
+    how: list[str] = []
+    verified = failed = 0
+    for c in accepted:
+        runs = _kernel_runs(c)
+        if any(r.get("status") == KERNEL_FAILED for r in runs):
+            failed += 1
+        good = [r for r in runs if r.get("status") == VERIFIED]
+        if good:
+            verified += 1
+        for r in good:
+            if r.get("where"):
+                wheres.append(str(r["where"]))
+            if r.get("function") or r.get("level"):
+                level = f" at the {r['level']} level" if r.get("level") else ""
+                how.append(f"{r.get('function') or 'the decode kernel'}{level}")
+    places = sorted(set(wheres), key=lambda w: (w != "interpreter", _arch_order(w), w))
+    text = (f"{', '.join(places)} · " if places else "") + f"{verified} of {len(accepted)}"
+    if failed:
+        text += f" · {failed} failed"
+    refs: tuple[int, ...] = ()
+    if how:
+        refs = (notes.ref("verified through " + "; ".join(dict.fromkeys(how))),)
+    return text, refs
+
+
+def _arch_order(where: str) -> int:
+    digits = "".join(ch for ch in where if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+# -- input validation -------------------------------------------------------------------
+def build_probe_answers(model: ReportModel) -> list[ProbeAnswer]:
+    """The "Input validation" section alone: each probe value with the engine's answers."""
+    out: list[ProbeAnswer] = []
+    for axis in [a for a in AXES if a in model.probes] + [a for a in model.probes if a not in AXES]:
+        for value in model.probes[axis]:
+            cells = [c for c in model.cells if (c.get("coords") or {}).get(axis) == value]
+            if not cells:
+                continue
+            space = _Space(model, cells, skip=(axis,))
+            groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+            for c in cells:
+                groups.setdefault(_answer(c), []).append(c)
+            for i, ((state, text), members) in enumerate(groups.items()):
+                where = space.where(members, _others(cells, members)) if len(groups) > 1 else ""
+                out.append(ProbeAnswer(axis, value, i == 0, len(members), where, state, text))
+    return out
+
+
+def _answer(cell: Mapping[str, Any]) -> tuple[str, str]:
+    state = cell_state(cell)
+    if state == REJECTED:
+        return REJECTED, rejection_text(cell)
+    if state in (VERIFIED, ACCEPTED):
+        return state, "accepted"
+    if state in (BAD, XFAIL):
+        return "bug", _bug_text(cell)
+    return SKIPPED, _na_text(cell)
+
+
+# -- conditions in words ----------------------------------------------------------------
+class _Space:
+    """The cells of one entry as points over the axes that vary among them, for conditions in words.
+
+    A *clause* is a product of axis values (axis → set of values; an axis not
+    named is free). ``cover`` finds a few clauses that together hold every
+    target cell and no forbidden one; ``phrase`` says a clause in words.
+    """
+
+    def __init__(self, model: ReportModel, cells: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()) -> None:
+        self.model = model
+        self.cells = cells
+        self.skip = skip
+
+    @functools.cached_property
+    def values(self) -> dict[str, list[Any]]:
+        """axis → the values it takes among the cells, for the axes that vary (computed when first needed)."""
+        out = {}
+        for a in self.model.axes:
+            if a in self.skip:
+                continue
+            seen = {(c.get("coords") or {}).get(a) for c in self.cells}
+            if len(seen) > 1:
+                out[a] = sorted(seen, key=lambda v, a=a: self.model.order[a].get(v, 1 << 30))
+        return out
+
+    @functools.cached_property
+    def axes(self) -> list[str]:
+        return list(self.values)
+
+    def point(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(map((cell.get("coords") or {}).get, self.axes))
+
+    def inside(self, cell: Mapping[str, Any], clause: Mapping[str, set[Any]]) -> bool:
+        coords = cell.get("coords") or {}
+        return all(coords.get(a) in values for a, values in clause.items())
+
+    def label(self, cell: Mapping[str, Any]) -> str:
+        return "/".join(format_value(a, v) for a, v in zip(self.axes, self.point(cell))) or "all"
+
+    def weight(self, clause: Mapping[str, set[Any]]) -> int:
+        return sum(len(v) for v in clause.values())
+
+    def cover(self, targets: Sequence[Mapping[str, Any]], forbidden: Sequence[Mapping[str, Any]]
+              ) -> list[dict[str, set[Any]]] | None:
+        """Few clauses covering every target and no forbidden cell (None: no short description)."""
+        n = len(self.axes)
+        t_points = [self.point(c) for c in targets]
+        f_points = [self.point(c) for c in forbidden]
+        # Bit sets: for each axis and value, the targets / forbidden cells with that value.
+        t_bits = [{v: 0 for v in self.values[a]} for a in self.axes]
+        f_bits = [{v: 0 for v in self.values[a]} for a in self.axes]
+        for j, p in enumerate(t_points):
+            for i in range(n):
+                t_bits[i][p[i]] |= 1 << j
+        for j, p in enumerate(f_points):
+            for i in range(n):
+                f_bits[i][p[i]] |= 1 << j
+        all_f = (1 << len(f_points)) - 1
+
+        def members(bits: list[dict[Any, int]], clause: dict[int, set[Any]], everything: int) -> int:
+            m = everything
+            for i, values in clause.items():
+                any_of = 0
+                for v in values:
+                    any_of |= bits[i][v]
+                m &= any_of
+            return m
+
+        uncovered = (1 << len(t_points)) - 1
+        clauses: list[dict[int, set[Any]]] = []
+        while uncovered:
+            if len(clauses) == MAX_CLAUSES:
+                return None
+            first = (uncovered & -uncovered).bit_length() - 1
+            seed = t_points[first]
+            best: tuple[int, int, dict[int, set[Any]]] | None = None
+            for k in range(min(n, MAX_CLAUSE_AXES) + 1):
+                for subset in itertools.combinations(range(n), k):
+                    clause = {i: {seed[i]} for i in subset}
+                    if members(f_bits, clause, all_f):
+                        continue
+                    for i in subset:  # widen each named axis while no forbidden cell comes in
+                        for v in self.values[self.axes[i]]:
+                            if v in clause[i] or not t_bits[i][v] & uncovered:
+                                continue
+                            clause[i].add(v)
+                            gained = members(t_bits, clause, uncovered) & t_bits[i][v]
+                            if not gained or members(f_bits, clause, all_f):
+                                clause[i].discard(v)
+                    score = bin(members(t_bits, clause, uncovered)).count("1")
+                    weight = sum(len(v) for v in clause.values())
+                    if best is None or (score, -weight) > (best[0], -best[1]):
+                        best = (score, weight, clause)
+                if best is not None:
+                    break
+            if best is None:
+                return None
+            clause = best[2]
+            clauses.append(clause)
+            uncovered &= ~members(t_bits, clause, uncovered)
+        out = []
+        for clause in clauses:
+            named = {self.axes[i]: values for i, values in sorted(clause.items())
+                     if len(values) < len(self.values[self.axes[i]])}
+            out.append(named)
+        return out
+
+    def deciding_axes(self, cells: Sequence[Mapping[str, Any]], text_of: Callable[[Mapping[str, Any]], str]) -> list[str]:
+        """The axes along which ``text_of`` changes between cells that differ in that axis alone."""
+        out = []
+        for i, axis in enumerate(self.axes):
+            texts: dict[tuple[Any, ...], set[str]] = {}
+            for c in cells:
+                p = self.point(c)
+                texts.setdefault(p[:i] + p[i + 1:], set()).add(text_of(c))
+            if any(len(t) > 1 for t in texts.values()):
+                out.append(axis)
+        return out or list(self.axes)
+
+    def where(self, chosen: Sequence[Mapping[str, Any]], others: Sequence[Mapping[str, Any]]) -> str:
+        """Where ``chosen`` (and none of ``others``) lie, in words; "" when they are all there is."""
+        if not others:
+            return ""
+        clauses = self.cover(chosen, others)
+        if clauses is None:
+            shown = ", ".join(self.label(c) for c in chosen[:4]) + (f" and {len(chosen) - 4} more" if len(chosen) > 4 else "")
+            return f"in {len(chosen)} of {len(chosen) + len(others)} ({shown})"
+        return "; ".join(self.phrase(c) for c in clauses)
+
+    def phrase(self, clause: Mapping[str, set[Any]]) -> str:
+        """``on sm80 or sm90, with page size 16``: a clause in words, axes in matrix order."""
+        parts = []
+        for axis in self.axes:
+            if axis in clause:
+                values = sorted(clause[axis], key=lambda v, a=axis: self.model.order[a].get(v, 1 << 30))
+                left_out = [v for v in self.values[axis] if v not in clause[axis]]
+                if axis == "model" and len(values) > 1 and len(left_out) == 1:
+                    parts.append(f"for every model but {left_out[0]}")
+                else:
+                    parts.append(_axis_words(axis, values))
+        return ", ".join(parts) if parts else "anywhere"
+
+
+def _join(items: Sequence[str], word: str) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + f" {word} " + items[-1]
+
+
+def _axis_words(axis: str, values: Sequence[Any]) -> str:
+    text = _join([str(v) for v in values], "or")
+    if axis == "model":
+        return f"for {text}"
+    if axis == "arch":
+        return f"on {text}"
+    if axis == "spec":
+        return "without speculative decoding" if list(values) == ["none"] else f"with spec {text}"
+    if axis == "dcp":
+        return "without DCP" if list(values) == [1] else f"with DCP {text}"
+    if axis == "kv_dtype":
+        return f"with KV {text}"
+    if axis == "page_size":
+        return f"with page size {text}"
+    if axis == "tp":
+        return f"with TP {text}"
+    if axis == "backend":
+        return f"with {text}"
+    return f"with {axis} {text}"
+
+
+__all__ = ["build_backends_view", "build_probe_answers", "COUNTING", "BackendsView", "Column", "Entry", "Family",
+           "ProbeAnswer", "Refused", "Row", "LEGEND", "SYMBOL"]
