@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from ..core.records import kernel_of
 from ..core.verdicts import KERNEL_FAILED, VERIFIED
 from .markdown import md_text
 from .model import BAD_VERDICTS, GOOD_VERDICTS, SYMBOLS, cell_state, reason_line
@@ -113,8 +114,8 @@ def diff_documents(old: Mapping[str, Any], new: Mapping[str, Any], *, old_name: 
             out.new.append(Change(cid, "new", None, describe_cell(n), _why(n)))
             continue
         ov, nv = o.get("verdict"), n.get("verdict")
-        ok_old = (o.get("kernel") or {}).get("status")
-        ok_new = (n.get("kernel") or {}).get("status")
+        ok_old = kernel_of(o).get("status")
+        ok_new = kernel_of(n).get("status")
         before, after = describe_cell(o), describe_cell(n)
         if (ov in GOOD_VERDICTS and nv in BAD_VERDICTS) or (ok_old == VERIFIED and ok_new == KERNEL_FAILED):
             out.regressions.append(Change(cid, "regression", before, after, _why(n)))
@@ -132,8 +133,8 @@ def diff_documents(old: Mapping[str, Any], new: Mapping[str, Any], *, old_name: 
 
 def _why(record: Mapping[str, Any]) -> str | None:
     """Why a cell is bad, on one line: the expectation and the engine's text, not just the first line."""
-    if record.get("verdict") in BAD_VERDICTS or (record.get("kernel") or {}).get("status") == KERNEL_FAILED:
-        k = record.get("kernel") or {}
+    if record.get("verdict") in BAD_VERDICTS or kernel_of(record).get("status") == KERNEL_FAILED:
+        k = kernel_of(record)
         return reason_line(record.get("reason")) or reason_line(k.get("message")) or None
     return None
 

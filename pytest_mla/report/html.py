@@ -31,6 +31,7 @@ import re
 from importlib import resources
 from typing import Any, Mapping
 
+from ..core.records import kernel_of
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import COUNTING, BackendsView, build_backends_view
 from .markdown import VIEWS, render_command
@@ -179,7 +180,7 @@ def _short(c: Mapping[str, Any], state: str) -> str:
         return f"{o.get('error')}: {o.get('message')}"
     if c.get("reason"):
         return reason_line(c["reason"])
-    k = c.get("kernel") or {}
+    k = kernel_of(c)
     if k.get("status") == "not-run":
         return f"kernel not run: {k.get('reason')}"
     if k.get("status"):

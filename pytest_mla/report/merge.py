@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from ..core.cells import AXES
+from ..core.records import kernel_of
 from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS
 from .results import SCHEMA, SCHEMA_VERSION
 
@@ -62,7 +63,7 @@ def validation_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _kernel_failed(record: Mapping[str, Any]) -> bool:
-    return (record.get("kernel") or {}).get("status") == KERNEL_FAILED
+    return kernel_of(record).get("status") == KERNEL_FAILED
 
 
 def _describe(record: Mapping[str, Any]) -> str:
@@ -124,8 +125,8 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
     engine = dict(first.get("engine") or {})
     if len(engine_versions) > 1:
         engine["version"] = " / ".join(engine_versions)
-    wheres = sorted({str((c.get("kernel") or {}).get("where")) for c in merged_cells
-                     if (c.get("kernel") or {}).get("where")})
+    wheres = sorted({str(kernel_of(c).get("where")) for c in merged_cells
+                     if kernel_of(c).get("where")})
     run: dict[str, Any] = {
         **{k: v for k, v in first.items() if k not in ("counts", "axes")},
         "engine": engine,

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..core.cells import AXES, format_part
 from ..core.models import BUILTIN_MODELS
+from ..core.records import kernel_of
 from ..core.verdicts import (
     ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, REJECTED, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS,
 )
@@ -63,7 +64,7 @@ def cell_state(record: Mapping[str, Any]) -> str:
     outcome = record.get("outcome") or {}
     if outcome.get("kind") == REJECTED:
         return REJECTED
-    status = (record.get("kernel") or {}).get("status")
+    status = kernel_of(record).get("status")
     if status == VERIFIED:
         return VERIFIED
     if status == KERNEL_FAILED:
@@ -269,7 +270,7 @@ class ReportModel:
         if self._case_mla is None:
             self._case_mla = {}
             for c in self.cells:
-                case = (c.get("kernel") or {}).get("case")
+                case = kernel_of(c).get("case")
                 if isinstance(case, dict) and isinstance(case.get("mla"), bool):
                     self._case_mla.setdefault((c.get("coords") or {}).get("model"), case["mla"])
         return self._case_mla.get(model)
@@ -375,7 +376,7 @@ class ReportModel:
         return Counter(c.get("verdict") for c in self.cells)
 
     def kernel_counts(self) -> Counter:
-        return Counter((c.get("kernel") or {}).get("status") for c in self.cells if c.get("kernel"))
+        return Counter(kernel_of(c).get("status") for c in self.cells if c.get("kernel"))
 
     def kernel_wheres(self) -> list[str]:
         wheres: set[str] = set()
