@@ -83,13 +83,6 @@ class Cell:
         return self.id
 
     @classmethod
-    def from_coords(cls, coords: Mapping[str, Any]) -> "Cell":
-        unknown = set(coords) - set(AXES)
-        if unknown:
-            raise CellIdError(f"unknown axis {sorted(unknown)[0]!r}")
-        return cls(**dict(coords))
-
-    @classmethod
     def from_id(cls, text: str) -> "Cell":
         """Parse a canonical id (``model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN]``)."""
         parts = text.split("/")

@@ -13,18 +13,6 @@ class Problem:
     message: str
     line: int | None = None
 
-    def prefixed(self, parent: str) -> "Problem":
-        """The same problem one level up: ``descend`` in jsonschema's words."""
-        if not parent:
-            return self
-        if not self.path:
-            path = parent
-        elif self.path.startswith("["):
-            path = parent + self.path
-        else:
-            path = f"{parent}.{self.path}"
-        return dataclasses.replace(self, path=path)
-
 
 class MatrixError(Exception):
     """A broken matrix file. Prints as ``FILE:LINE: PATH: MESSAGE``, one line per problem."""

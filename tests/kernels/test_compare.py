@@ -15,19 +15,6 @@ from pytest_mla.kernels.reference import ref_mla_decode
 BF16 = TOLERANCES["bf16"]
 
 
-def assert_plain(value):
-    """Only built-in JSON-able values (what crosses from an xdist worker to the controller)."""
-    if isinstance(value, dict):
-        assert all(isinstance(k, str) for k in value)
-        for v in value.values():
-            assert_plain(v)
-    elif isinstance(value, list):
-        for v in value:
-            assert_plain(v)
-    else:
-        assert value is None or type(value) in (str, int, float, bool), (type(value), value)
-
-
 @pytest.fixture(scope="module")
 def ref_pair():
     x = gen_decode_inputs([1, 9, 20], s_q=2, h_q=4, d_qk=24, d_v=16, page_size=4, seed=7)
@@ -44,7 +31,7 @@ def test_rounded_reference_is_within_its_dtype_tolerance(ref_pair, dtype):
     assert check_close("lse", lse.float(), lse, TOLERANCES[dtype].lse).ok
 
 
-def test_identical_is_exact_and_plain(ref_pair):
+def test_identical_is_exact_and_plain(ref_pair, assert_plain):
     _, out, lse = ref_pair
     res = check_close("out", out, out, BF16.out)
     assert res.ok and res.max_abs_err == 0 and res.fail_frac == 0 and res.message is None

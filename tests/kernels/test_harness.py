@@ -21,18 +21,6 @@ def case(model="deepseek-v3", **kw):
     return case_for(coords(model, **kw), BUILTIN_MODELS[model], seed=0)
 
 
-def assert_plain(value):
-    if isinstance(value, dict):
-        assert all(isinstance(k, str) for k in value)
-        for v in value.values():
-            assert_plain(v)
-    elif isinstance(value, list):
-        for v in value:
-            assert_plain(v)
-    else:
-        assert value is None or type(value) in (str, int, float, bool), (type(value), value)
-
-
 def test_deepseek_case_has_real_dims_and_heads_per_rank():
     c = case("deepseek-v3")
     assert (c.mla, c.d_qk, c.d_v, c.h_q, c.h_kv, c.s_q) == (True, 576, 512, 128, 1, 1)
@@ -85,7 +73,7 @@ def test_seed_is_the_same_in_another_process():
     assert int(seed) == case(dcp=4, spec="eagle-1x3").seed
 
 
-def test_optional_coords():
+def test_optional_coords(assert_plain):
     c = case(page_size=64, kv_dtype="fp8_e4m3")
     assert (c.page_size, c.kv_dtype) == (64, "fp8_e4m3")
     assert case(kv_dtype="auto").kv_dtype == "auto"
@@ -98,7 +86,7 @@ def _small_case(**kw) -> KernelCase:
     return case("deepseek-v2-lite", tp=4, **kw)  # 4 heads, real 576/512 dims
 
 
-def test_record_of_a_verified_run_is_plain():
+def test_record_of_a_verified_run_is_plain(assert_plain):
     c = _small_case(dcp=2, spec="eagle-2x2")
     rec = run_kernel_check(c, ref_kernel, merge="pytest_mla.kernels.reference:ref_merge", where="interpreter")
     assert set(rec) == RECORD_KEYS
@@ -125,7 +113,7 @@ def nan_tail_kernel(*args, **kwargs):
 
 
 @pytest.mark.parametrize("kernel,needle", [(biased_kernel, "beyond"), (nan_tail_kernel, "NaN")])
-def test_record_of_a_failed_run_says_why(kernel, needle):
+def test_record_of_a_failed_run_says_why(kernel, needle, assert_plain):
     rec = run_kernel_check(_small_case(), kernel)
     assert rec["status"] == "failed" and needle in rec["message"]
     assert_plain(rec)

@@ -10,12 +10,6 @@ from .helpers import LIAR_CONFTEST, matrix, read_report, verdicts
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture
-def liar(pytester):
-    pytester.makeconftest(LIAR_CONFTEST)
-    return pytester
-
-
 def test_importing_the_plugin_loads_neither_torch_nor_triton():
     code = ("import sys, pytest_mla.plugin, pytest_mla.controller, pytest_mla.collect; "
             "print(sorted(m for m in ('torch', 'triton', 'numpy') if m in sys.modules))")
