@@ -46,7 +46,7 @@ class MatrixFile(pytest.File):
     def collect(self) -> Iterator["CellItem"]:
         run = self.config.stash[run_key]
         loaded = run.load(self.path)
-        version = loaded.engine.version if loaded.engine is not None else None
+        version = loaded.rules_version
         grouped = self.config.pluginmanager.hasplugin("xdist")
         for cell in loaded.matrix.cells():
             expect = loaded.matrix.expectation(cell, version)

@@ -94,8 +94,7 @@ class ResultCollector:
             cell = Cell.from_name(name, loaded.matrix.axes)
         except (MatrixError, CellIdError):
             return None
-        version = loaded.engine.version if loaded.engine is not None else None
-        expect = loaded.matrix.expectation(cell, version)
+        expect = loaded.matrix.expectation(cell, loaded.rules_version)
         return CellRecord(crash_record(loaded.matrix.name, cell, expect, message), nodeid=nodeid)
 
     # -- writing ---------------------------------------------------------------------
@@ -103,6 +102,8 @@ class ResultCollector:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.interrupted = True
+        if self.run.settings.strict_coverage and self.uncovered() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         report_dir = self.run.settings.report_dir
         if not report_dir:
             return
@@ -123,6 +124,18 @@ class ResultCollector:
             self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
             markdown = render_files(document, stem, self.run.settings.formats, self.written)
             self.gate(session, document, markdown)
+
+    def uncovered(self) -> dict[str, list[str]]:
+        """Matrix file → the MLA-capable backends its engine registers that it does not list."""
+        found = {}
+        for file in self.run.files:
+            try:
+                coverage = self.run.load(file).coverage
+            except MatrixError:
+                continue
+            if coverage and coverage.get("uncovered_mla"):
+                found[self.run.display_path(file)] = coverage["uncovered_mla"]
+        return found
 
     def gate(self, session: pytest.Session, document: dict[str, Any], markdown: str | None) -> None:
         """``--mla-baseline``: regressions fail the session; both go to GitHub's step summary."""
@@ -152,6 +165,8 @@ class ResultCollector:
             "described_versions": str(loaded.matrix.engine_versions) if loaded.matrix.engine_versions else "*",
             "metadata": dict(engine.metadata()) if engine is not None and hasattr(engine, "metadata") else {},
             "unavailable": loaded.skip_reason,
+            "assumed_version": loaded.assumed_version,
+            "coverage": loaded.coverage,
         }
         environment = {
             "versions": run_document.versions(),
@@ -178,6 +193,10 @@ class ResultCollector:
         terminalreporter.write_sep("=", "mla matrix")
         for text, markup in lines:
             terminalreporter.write_line(text, **markup)
+        if self.run.settings.strict_coverage:
+            for shown, names in self.uncovered().items():
+                terminalreporter.write_line(f"--mla-strict-coverage: {shown} does not cover the MLA-capable "
+                                            f"backends {', '.join(names)}", red=True)
 
     def _document_for_summary(self, file: Path) -> dict[str, Any] | None:
         if file in self.documents:

@@ -36,6 +36,15 @@ class Settings:
     baseline: str | None = None
     dcp_timeout: float = 120.0
     report_name: str = "{matrix}"
+    #: ``--mla-assume-version``: (engine name or None for every engine, version) pairs.
+    assume_versions: tuple[tuple[str | None, str], ...] = ()
+    strict_coverage: bool = False
+
+    def assumed_version(self, engine: str) -> str | None:
+        """The version whose rules apply to ``engine``'s matrices instead of the installed one's."""
+        named = [v for name, v in self.assume_versions if name == engine]
+        anyone = [v for name, v in self.assume_versions if name is None]
+        return (named or anyone or [None])[-1]
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -69,6 +78,14 @@ def add_options(parser: pytest.Parser) -> None:
                          "(default '{matrix}': reports/<matrix>.json).")
     group.addoption("--mla-report-format", default=None, metavar="FORMATS",
                     help="comma-separated formats besides JSON: md, html (default json,md,html).")
+    group.addoption("--mla-assume-version", action="append", default=[], metavar="[ENGINE=]VERSION",
+                    help="evaluate the matrices' rules as if VERSION of the engine were installed (the installed "
+                         "engine still answers; failing cells are what changed since VERSION). Repeatable; "
+                         "ENGINE= limits it to one engine. Without it, a matrix whose [engine] version excludes "
+                         "the installed version stops the session at collection.")
+    group.addoption("--mla-strict-coverage", action="store_true", default=None,
+                    help="fail the session when the engine registers MLA-capable backends that a matrix "
+                         "does not list (ini: mla_strict_coverage).")
     group.addoption("--mla-baseline", default=None, metavar="OLD.json",
                     help="compare with an earlier result file and fail the session on regressions.")
     parser.addini("mla_matrix_files", type="linelist", default=[DEFAULT_MATRIX_GLOB],
@@ -79,6 +96,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("mla_kernel", default="auto", help="default of --mla-kernel")
     parser.addini("mla_dcp_mode", default="in-process", help="default of --mla-dcp-mode")
     parser.addini("mla_arch", default="auto", help="default of --mla-arch")
+    parser.addini("mla_strict_coverage", type="bool", default=False, help="default of --mla-strict-coverage")
 
 
 def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
@@ -103,6 +121,8 @@ def read_settings(config: pytest.Config) -> Settings:
         shard=parse_shard(config.getoption("--mla-shard")),
         arch=parse_arch(_opt(config, "--mla-arch", "mla_arch")),
         baseline=config.getoption("--mla-baseline"),
+        assume_versions=tuple(parse_assume_version(v) for v in config.getoption("--mla-assume-version")),
+        strict_coverage=bool(_opt(config, "--mla-strict-coverage", "mla_strict_coverage")),
         dcp_timeout=parse_timeout(timeout, "--mla-dcp-timeout") if timeout else 120.0,
         report_name=parse_report_name(_opt(config, "--mla-report-name", "mla_report_name")),
     )
@@ -129,6 +149,20 @@ def parse_select(values: list[str], option: str = "--mla-select") -> tuple[tuple
                 vals.append(v)
         out.append((axis, tuple(vals)))
     return tuple(out)
+
+
+def parse_assume_version(text: str, option: str = "--mla-assume-version") -> tuple[str | None, str]:
+    """``0.5.23`` or ``sglang=0.5.23`` → (engine or None, version); the version must parse (PEP 440)."""
+    from packaging.version import InvalidVersion, Version
+
+    engine, sep, version = text.rpartition("=")
+    engine, version = engine.strip(), version.strip()
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise pytest.UsageError(f"{option}: expected [ENGINE=]VERSION such as 0.5.23 or sglang=0.5.23, "
+                                f"got {text!r}") from None
+    return (engine or None) if sep else None, version
 
 
 def parse_shard(text: str | None, option: str = "--mla-shard") -> tuple[int, int] | None:

@@ -19,6 +19,7 @@ import pytest
 
 from . import collect, user_cells
 from .collect import RECORD_ATTR, CellItem, MatrixFile
+from .core.errors import MatrixError
 from .core.host import probe_host, worker_gpu
 from .options import MATRIX_OPTION, add_options, read_settings
 from .runner import MatrixRun, run_key
@@ -131,11 +132,25 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     for file in run.files:
         try:
             loaded = run.load(file)
+        except MatrixError as exc:
+            lines += [f"mla: {line}" for line in exc.format().splitlines()[:3]]
+            continue
         except Exception as exc:
             lines.append(f"mla: {run.display_path(file)}: cannot be loaded ({type(exc).__name__}; see errors)")
             continue
         eng = loaded.engine
         engine = f"{loaded.matrix.engine_name} {eng.version}" if eng is not None else \
             f"{loaded.matrix.engine_name} (unavailable)"
+        if loaded.assumed_version is not None:
+            engine += f" (rules of {loaded.assumed_version})"
         lines.append(f"mla: {run.display_path(file)}: engine {engine}, {loaded.matrix.size} cells")
+        coverage = loaded.coverage or {}
+        if coverage.get("error"):
+            lines.append(f"mla: {run.display_path(file)}: backend coverage unknown: {coverage['error']}")
+        elif coverage.get("uncovered_mla"):
+            lines.append(f"mla: {run.display_path(file)}: not covered: {len(coverage['uncovered_mla'])} MLA-capable "
+                         f"backends the engine registers: {', '.join(coverage['uncovered_mla'])}")
+        elif coverage:
+            lines.append(f"mla: {run.display_path(file)}: covers every MLA-capable backend the engine registers "
+                         f"({len(coverage['mla_capable'])})")
     return lines

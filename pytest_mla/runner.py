@@ -38,7 +38,16 @@ KERNEL_CACHE_INPUT = "mla_kernel_cache"
 class LoadedMatrix:
     matrix: Matrix
     engine: Engine | None
-    skip_reason: str | None  # every cell skips (engine missing, version not described)
+    skip_reason: str | None  # every cell skips (the engine is not installed here)
+    assumed_version: str | None = None  # --mla-assume-version for this engine
+    coverage: dict[str, Any] | None = None  # see ``coverage_of``
+
+    @property
+    def rules_version(self) -> str | None:
+        """The engine version the matrix's rules are evaluated for."""
+        if self.assumed_version is not None:
+            return self.assumed_version
+        return str(self.engine.version) if self.engine is not None else None
 
 
 class MatrixRun:
@@ -72,10 +81,11 @@ class MatrixRun:
             shown = self.display_path(path)
             matrix = load_matrix(path, extra_models=self.extra_models(), display_path=shown)
             engine, reason = self.engine(matrix)
-            if engine is not None and not matrix.describes(str(engine.version)):
-                reason = (f"{shown} describes {matrix.engine_name} {matrix.engine_versions}, "
-                          f"but version {engine.version} is installed")
-            self._loaded[path] = LoadedMatrix(matrix, engine, reason)
+            loaded = LoadedMatrix(matrix, engine, reason, self.settings.assumed_version(matrix.engine_name))
+            if engine is not None:
+                check_described(loaded, shown)
+                loaded.coverage = coverage_of(matrix, engine)
+            self._loaded[path] = loaded
         return self._loaded[path]
 
     def engine(self, matrix: Matrix) -> tuple[Engine | None, str | None]:
@@ -231,6 +241,39 @@ def hook_models(config: pytest.Config) -> dict[str, ModelConfig]:
             except ModelConfigError as exc:
                 raise MatrixError("pytest_mla_models", [Problem(f"{name}.{exc.key}", exc.message)]) from None
     return models
+
+
+def check_described(loaded: LoadedMatrix, shown: str) -> None:
+    """A matrix that does not describe the version its rules are evaluated for stops the session (never all-skip)."""
+    matrix, version = loaded.matrix, loaded.rules_version
+    if matrix.describes(version):
+        return
+    installed = loaded.engine.version if loaded.engine is not None else None
+    if loaded.assumed_version is not None:
+        message = (f"describes {matrix.engine_name} {matrix.engine_versions}, but --mla-assume-version asks for "
+                   f"{version} ({installed} is installed)")
+    else:
+        message = (f"describes {matrix.engine_name} {matrix.engine_versions}, but {matrix.engine_name} {installed} "
+                   f"is installed (--mla-assume-version=V evaluates its rules as if V were installed)")
+    raise MatrixError(shown, [Problem("engine.version", message)])
+
+
+def coverage_of(matrix: Matrix, engine: Engine) -> dict[str, Any] | None:
+    """The MLA-capable backends the engine registers and the matrix does not list (None: the adapter cannot say).
+
+    A backend value ``P+D`` covers both halves.
+    """
+    registered = getattr(engine, "registered_backends", None)
+    if registered is None:
+        return None
+    try:
+        backends = {str(k): bool(v) for k, v in dict(registered()).items()}
+    except Exception as exc:  # the listing is advisory: say why it is missing, never fail the cells for it
+        return {"error": f"registered_backends() failed: {type(exc).__name__}: {exc}"}
+    listed = {part for value in matrix.axes.get("backend", ()) for part in str(value).split("+")}
+    mla = sorted(name for name, capable in backends.items() if capable)
+    return {"registered": sorted(backends), "mla_capable": mla,
+            "uncovered_mla": [name for name in mla if name not in listed]}
 
 
 def _timed(record: CellRecord, start: float) -> CellRecord:

@@ -106,8 +106,7 @@ def _engine_version(config: pytest.Config, path: Path) -> str | None:
     run = config.stash.get(run_key, None)
     if run is None:
         return None  # without --mla-matrix no engine is loaded: ungated rules only
-    engine = run.load(path).engine
-    return str(engine.version) if engine is not None else None
+    return run.load(path).rules_version
 
 
 def user_record(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | None:
