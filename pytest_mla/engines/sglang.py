@@ -201,7 +201,11 @@ class SGLangEngine:
     refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError)
 
     def __init__(self) -> None:
+        from ..kernels._mode import ensure_triton_mode
         from ._import_stubs import install_stubs
+
+        # SGLang's modules decorate @triton.jit kernels on import: decide the mode first.
+        self._kernel_target = ensure_triton_mode()
 
         self.stubs: list[str] = []
         for root, attrs in STUBS.items():
@@ -250,8 +254,10 @@ class SGLangEngine:
             got = resolved(server_args, field)
             if asked is not None and str(got) != str(asked):
                 notes.append(f"{label} {asked} resolved to {got}")
-        return Configured(backends=built, kernel_reason="SGLang's kernels need a GPU and sgl-kernel/flashinfer",
-                          notes=tuple(notes))
+        from .sglang_backend import kernel_from
+
+        kernel, kernel_reason = kernel_from(cell, model, server_args, runner, self._kernel_target)
+        return Configured(backends=built, kernel=kernel, kernel_reason=kernel_reason, notes=tuple(notes))
 
     def metadata(self) -> Mapping[str, Any]:
         return {

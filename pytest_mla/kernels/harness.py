@@ -87,6 +87,9 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
     ``overrides`` are the case fields an engine decided (``KernelSpec.case``):
     the query heads of one DCP group (``h_q``), the page size and KV dtype as
     the engine resolved them. Lengths and the seed follow from the result.
+    One more key, ``min_seqlen``, is not a field: the shortest request an
+    engine can be handed (SGLang's decode lengths count the token being
+    decoded, so it never decodes a request with no cached token).
     """
     spec = parse_spec(str(coords["spec"]))
     tp = _int_coord(coords, "tp", 1)
@@ -107,11 +110,14 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
         "seqlens": (), "softmax_scale": model.softmax_scale,
         "spec_topk": topk, "spec_steps": steps, "dcp": dcp, "dcp_interleave": interleave,
     }
-    for key, value in (overrides or {}).items():
+    overrides = dict(overrides or {})
+    min_seqlen = int(overrides.pop("min_seqlen", 0))
+    for key, value in overrides.items():
         if key not in fields or key in ("batch", "seqlens"):
             raise ValueError(f"case override {key!r} is not a KernelCase field one may set")
         fields[key] = _KV_DTYPES.get(value, value) if key == "kv_dtype" else value
-    fields["seqlens"] = _check_seqlens(fields["s_q"], fields["dcp"], fields["page_size"], fields["dcp_interleave"])
+    fields["seqlens"] = tuple(max(n, min_seqlen) for n in _check_seqlens(
+        fields["s_q"], fields["dcp"], fields["page_size"], fields["dcp_interleave"]))
     fields["batch"] = len(fields["seqlens"])
     return KernelCase(**fields, seed=_stable_seed(seed, {**fields, "seqlens": list(fields["seqlens"])}))
 

@@ -141,11 +141,14 @@ def gen_tree_mask(topk: int, steps: int, generator: torch.Generator, *, batch: i
     """Random draft trees, ``[batch, s_q, s_q]`` bool with ``s_q = 1 + topk * steps``.
 
     Node 0 is the root (the verified token); every other node's parent is an
-    earlier node with fewer than ``topk`` children and depth ``< steps``.
+    earlier node with fewer than ``topk`` children and depth ``< steps``, and
+    at most ``topk`` nodes of one depth have children: the shape of an EAGLE
+    draft tree, whose draft loop expands its ``topk`` best nodes per step (so
+    an engine's own tree builder can express every tree drawn here).
     ``mask[i, j]`` is true iff ``j`` is ``i`` or an ancestor of ``i``. With
     ``topk == 1`` this is the chain, i.e. lower-triangular. (A free parent
-    always exists: if all nodes above depth ``steps`` were full the tree would
-    already hold more than ``topk * steps`` nodes.)
+    always exists: otherwise every depth ``1..steps`` would hold ``topk`` or
+    more nodes, more than the ``topk * steps`` non-root nodes placed so far.)
     """
     s_q = 1 + topk * steps
     masks = torch.zeros(batch, s_q, s_q, dtype=torch.bool)
@@ -153,7 +156,9 @@ def gen_tree_mask(topk: int, steps: int, generator: torch.Generator, *, batch: i
         parent, depth, children = [-1], [0], [0]
         masks[b, 0, 0] = True
         for node in range(1, s_q):
-            free = [p for p in range(node) if children[p] < topk and depth[p] < steps]
+            expanding = [sum(1 for p in range(node) if depth[p] == d and children[p]) for d in range(steps)]
+            free = [p for p in range(node) if children[p] < topk and depth[p] < steps
+                    and (children[p] or expanding[depth[p]] < topk)]
             p = free[int(torch.randint(len(free), (1,), generator=generator))]
             parent.append(p)
             depth.append(depth[p] + 1)

@@ -1,0 +1,214 @@
+"""Running SGLang's own attention backend on a kernel check's inputs (``KernelSpec.protocol == "engine"``).
+
+For an accepted cell the adapter (``engines/sglang.py``) asks ``kernel_for``
+which check the cell runs; the harness then calls ``run`` once per DCP rank
+(``kernels/engine_check.py``). Nothing here computes attention or merges
+ranks: SGLang does, with what SGLang built.
+
+What ``run`` builds, per rank, in this process (``sglang_pools`` holds the pieces):
+
+* **Server arguments** as ``sglang serve`` parses them for the cell's decode
+  backend, with the page size, KV-cache dtype, TP / DCP sizes, speculative
+  settings and ``--triton-attention-num-kv-splits`` that the adapter
+  resolved, published through ``runtime_context``; the rank's place (TP /
+  attention-TP / DCP ranks and the DCP group) is stated on SGLang's
+  ``ParallelContext``.
+* **The smallest real model runner** the backend reads: SGLang's own
+  ``ReqToTokenPool``, ``MLATokenToKVPool`` (``MHATokenToKVPool`` for a GQA
+  model), its token allocator (the paged one, widened by the DCP size, as
+  the KV-cache configurator builds it under DCP) and ``KVIndexTranslator``,
+  on the check's device. Requests get their slots from the allocator; the
+  cached tokens are written through the pool's own write path (under DCP
+  each rank keeps what SGLang's owner rule gives it); every other slot is NaN.
+* **The backend** through SGLang's factory (``ATTENTION_BACKENDS[name]``),
+  a ``ForwardBatch`` (``DECODE`` or ``TARGET_VERIFY``) bound to the
+  translator's plan, ``init_forward_metadata`` and the layer's own
+  ``RadixAttention.forward``. For a speculative cell the verify mask comes from
+  SGLang's draft-tree code (``select_top_k_tokens``,
+  ``organize_draft_results``, ``build_tree_kernel_efficient`` with SGLang's
+  Triton tree builder), fed draft scores that make it pick the check's tree.
+* **The model's attention path.** A DeepSeek-style MLA model does not call the
+  backend directly: its absorbed-MLA code (``forward_absorb_core``) does,
+  after ``all_gather_q_for_mla_decode`` under DCP, and merges ranks with
+  ``cp_lse_ag_out_rs_mla`` where its backend returns an LSE. ``run`` calls
+  that code on a stand-in attention module whose up-projection ``w_vc`` and
+  ``o_proj`` are identities, so what comes out is the attention output. A GQA
+  model's layer calls ``RadixAttention`` itself (the backend merges under DCP
+  with ``cp_lse_ag_out_rs_mha``).
+* **The DCP group**: in process, a stand-in with ``GroupCoordinator``'s
+  collective methods over the harness's turn-taking ranks; with
+  ``--mla-dcp-mode=distributed``, SGLang's own ``init_model_parallel_group``
+  on gloo.
+
+A failure while building any of this is the adapter's (``AdapterError``);
+an exception raised by SGLang once it computes is a finding (the harness's
+``BackendRaised``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import inspect
+import os
+import threading
+import types
+from typing import Any, Iterator, Mapping
+
+from ..core.errors import AdapterError
+from ..core.kernelspec import KernelSpec
+from ..core.spec import parse_spec
+
+__all__ = ["TARGET", "kernel_for", "kernel_from", "run"]
+
+#: The engine runner (``KernelSpec.target``).
+TARGET = "pytest_mla.engines.sglang_backend:run"
+PACKAGE = "sglang"
+#: Decode backends checked on this host's CPU, under Triton's interpreter.
+INTERPRETED = ("triton",)
+#: ``--triton-attention-num-kv-splits`` the checks run with (SGLang's default is 8); see docs/engines.md.
+NUM_KV_SPLITS = 2
+#: Where each backend runs for real, and what it needs there (backend -> (archs, modules)).
+GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "flashinfer": (("sm80", "sm90", "sm100"), ("flashinfer", "sgl_kernel")),
+    "fa3": (("sm80", "sm90"), ("sgl_kernel",)),
+    "flashmla": (("sm90", "sm100"), ("sgl_kernel",)),
+    "cutlass_mla": (("sm100",), ("sgl_kernel",)),
+    "trtllm_mla": (("sm100",), ("flashinfer", "sgl_kernel")),
+    "trtllm_mha": (("sm90", "sm100"), ("flashinfer", "sgl_kernel")),
+    "cutedsl_mla": (("sm100",), ("cutlass", "sgl_kernel")),
+    "tokenspeed_mla": (("sm100",), ("sgl_kernel",)),
+}
+_BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
+
+_FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
+
+
+# ---- what a cell runs (called by the adapter's configure) --------------------------------------
+
+
+def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_target: str) -> tuple[KernelSpec | None, str]:
+    """``kernel_for`` with what SGLang resolved for the cell (its server args and the runner facts)."""
+    import torch
+
+    tp = int(server_args.tp_size)
+    dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
+    kv = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(runner.kv_cache_dtype, "auto")
+    config = runner.model_config
+    heads = config.get_num_attention_heads(tp)
+    kv_heads = config.get_num_kv_heads(tp, dcp) if not model.mla else 1
+    host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
+    return kernel_for(cell, model, decode_backend=runner.decode_attention_backend_str, page_size=runner.page_size,
+                      kv_cache_dtype=kv, tp=tp, num_heads=heads, num_kv_heads=kv_heads, host_arch=host_arch)
+
+
+def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv_cache_dtype: str,
+               tp: int, num_heads: int, num_kv_heads: int, host_arch: str | None) -> tuple[KernelSpec | None, str]:
+    """The kernel check of an accepted cell: ``(spec, "")``, or ``(None, reason)`` when it cannot run here.
+
+    ``decode_backend`` is the backend SGLang resolved for decode (``triton``
+    for ``fa3`` + fp8_e5m2 too); ``page_size`` / ``kv_cache_dtype`` as it
+    resolved them; ``num_heads`` / ``num_kv_heads`` the query and KV heads one
+    rank's attention holds (SGLang's ``num_attention_heads // tp`` and
+    ``get_num_kv_heads``); ``host_arch`` this host's GPU (None: none).
+    Everything the check depends on goes into the spec's plain options, so
+    cells that resolve to the same engine kernel share one check.
+    """
+    spec = parse_spec(cell.spec)
+    if decode_backend not in INTERPRETED:
+        archs, modules = GPU_BACKENDS.get(decode_backend, ((), ()))
+        missing = [m for m in modules if not _importable(m)]
+        if host_arch is None or host_arch != cell.arch or missing:
+            needs = f"a CUDA {cell.arch} GPU" + (f" with {', '.join(modules)} installed" if modules else "")
+            here = "this host has no GPU" if host_arch is None else f"this host is {host_arch}"
+            if host_arch is not None and missing:
+                here += f" without {', '.join(missing)}"
+            return None, f"SGLang's {decode_backend} backend runs on {needs}; {here}"
+    dcp = max(cell.dcp, 1)
+    options = (
+        ("backend", decode_backend),
+        ("model", cell.model),
+        ("tp", tp),
+        ("dcp", dcp),
+        ("page_size", int(page_size)),
+        ("kv_cache_dtype", str(kv_cache_dtype)),
+        ("speculative", (spec.algorithm, spec.topk, spec.steps, spec.num_draft_tokens) if spec.enabled else None),
+        ("num_kv_splits", NUM_KV_SPLITS),
+        ("mla", bool(model.mla)),
+    )
+    case = [("h_q", num_heads * dcp), ("page_size", int(page_size)), ("kv_dtype", str(kv_cache_dtype)),
+            ("min_seqlen", 1)]
+    if not model.mla:
+        case.append(("h_kv", num_kv_heads))
+    method = "forward_extend" if spec.enabled else "forward_decode"
+    name = _class_of(decode_backend)
+    return KernelSpec(
+        name=decode_backend, target=TARGET, protocol="engine", level="backend", package=PACKAGE,
+        function=f"{_backend_module(decode_backend)}:{name}.{method}", options=options, case=tuple(case),
+        returns_lse=False,
+    ), ""
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _class_of(backend: str) -> str:
+    return {"triton": "TritonAttnBackend", "flashinfer": "FlashInferMLAAttnBackend", "fa3": "FlashAttentionBackend",
+            "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
+            "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend"}.get(backend, backend)
+
+
+def _backend_module(backend: str) -> str:
+    return {"triton": "sglang.srt.layers.attention.triton_backend",
+            "flashinfer": "sglang.srt.layers.attention.flashinfer_mla_backend",
+            "fa3": "sglang.srt.layers.attention.flashattention_backend",
+            "flashmla": "sglang.srt.layers.attention.flashmla_backend",
+            "cutlass_mla": "sglang.srt.layers.attention.cutlass_mla_backend",
+            "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",
+            "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
+            "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend"}.get(backend, "sglang")
+
+
+# ---- the engine runner -------------------------------------------------------------------------
+
+
+def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """One DCP rank of a check: build SGLang's pieces for ``inputs``, run its attention path, return the rank's heads."""
+    from . import sglang_pools as pools
+
+    engine = pools.load_engine()
+    with _ADAPTER_STAGE("set up SGLang for the check"):
+        rank = pools.RankSetup.build(engine, inputs, ctx, options)
+    try:
+        return rank.compute()
+    finally:
+        rank.close()
+
+
+class _AdapterStage:
+    """``with _ADAPTER_STAGE(what):`` turns any exception into ``AdapterError`` (the adapter's failure)."""
+
+    def __call__(self, what: str) -> contextlib.AbstractContextManager:
+        return self._stage(what)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _stage(what: str) -> Iterator[None]:
+        try:
+            yield
+        except AdapterError:
+            raise
+        except Exception as exc:
+            from .sglang_pools import adapter_error
+
+            raise adapter_error(what, f"{type(exc).__name__}: {exc}") from exc
+
+
+_ADAPTER_STAGE = _AdapterStage()

@@ -1,0 +1,604 @@
+"""SGLang's own pieces for one rank of a kernel check: server args, pools, backend, batch, model path.
+
+See ``sglang_backend`` for what is built and why. Everything version-specific
+is detected here, by feature (a module, a function, a parameter), never by
+version number: SGLang 0.5.20 to 0.5.23 move these pieces between releases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import inspect
+import logging
+import math
+import os
+import threading
+import types
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..core.errors import AdapterError
+
+__all__ = ["Engine", "RankSetup", "adapter_error", "load_engine"]
+
+MODEL_CONFIGS = Path(__file__).with_name("model_configs")
+_TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+#: Free slots the pools keep beyond a check's tokens (holes between requests, the dummy slot).
+_SPARE_PAGES = 4
+
+_lock = threading.Lock()
+
+
+def adapter_error(step: str, message: str) -> AdapterError:
+    """The adapter's own failure at ``step`` (verdict ``error``, never a finding)."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return AdapterError(step, message, engine="sglang", version=version)
+_engine: "Engine | None" = None
+
+
+# ---- the engine, once per process --------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Engine:
+    """SGLang's modules this runner uses, imported once per process after the Triton mode is decided."""
+
+    version: str
+    rc: Any  # sglang.srt.runtime_context
+    prepare_server_args: Callable[[list[str]], Any]
+    model_config_of: Callable[[Any], Any]
+    registry: Any  # attention_registry
+    memory_pool: Any
+    allocators: dict[str, type]
+    translator_cls: type
+    radix_attention_cls: type
+    forward_batch_cls: type
+    forward_mode: Any
+    forward_context: Any  # module sglang.srt.model_executor.forward_context
+    kv_cache_dtype: Any  # module sglang.srt.mem_cache.kv_cache_dtype
+    spec_algorithm: Any  # SpeculativeAlgorithm
+    model_runner_cls: type
+
+
+def load_engine() -> Engine:
+    """Import SGLang for a check (idempotent; safe in a fresh ``pytest_mla.kernels.distributed`` child)."""
+    global _engine
+    with _lock:
+        if _engine is None:
+            _engine = _import_engine()
+        return _engine
+
+
+def _import_engine() -> Engine:
+    from ..kernels._mode import ensure_triton_mode
+    from ._import_stubs import install_stubs
+    from .sglang import STUBS
+
+    ensure_triton_mode()  # before any SGLang module with @triton.jit kernels is imported
+    for root, attrs in STUBS.items():
+        install_stubs([root], attrs)
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sglang.srt import runtime_context as rc
+        from sglang.srt.layers.attention import attention_registry
+        from sglang.srt.layers.radix_attention import RadixAttention
+        from sglang.srt.mem_cache import kv_cache_dtype, memory_pool
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+        from sglang.srt.model_executor import forward_context
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.server_args import prepare_server_args
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        allocators = {}
+        for module, name in (("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator"),
+                             ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator"),
+                             ("sglang.srt.mem_cache.allocator", "TokenToKVPoolAllocator"),
+                             ("sglang.srt.mem_cache.allocator", "PagedTokenToKVPoolAllocator")):
+            if name not in allocators:
+                try:
+                    allocators[name] = getattr(importlib.import_module(module), name)
+                except (ImportError, AttributeError):
+                    pass
+        model_config_of = _model_config_getter()
+    return Engine(
+        version=importlib.metadata.version("sglang"), rc=rc, prepare_server_args=prepare_server_args,
+        model_config_of=model_config_of, registry=attention_registry, memory_pool=memory_pool,
+        allocators=allocators, translator_cls=KVIndexTranslator, radix_attention_cls=RadixAttention,
+        forward_batch_cls=ForwardBatch, forward_mode=ForwardMode, forward_context=forward_context,
+        kv_cache_dtype=kv_cache_dtype, spec_algorithm=SpeculativeAlgorithm, model_runner_cls=ModelRunner,
+    )
+
+
+def _model_config_getter() -> Callable[[Any], Any]:
+    try:
+        from sglang.srt.arg_groups.overrides import model_config_of
+
+        return model_config_of
+    except ImportError:
+        from sglang.srt.configs.model_config import ModelConfig
+
+        return ModelConfig.from_server_args
+
+
+# ---- server arguments, published once per check configuration -----------------------------------
+
+
+@dataclasses.dataclass
+class Published:
+    key: tuple
+    server_args: Any
+    model_config: Any
+
+
+_published: Published | None = None
+
+
+def server_argv(options: Mapping[str, Any], dtype: torch.dtype, device: torch.device) -> list[str]:
+    """``sglang serve`` arguments of a check (the cell's resolved settings, on the check's device)."""
+    model_path = MODEL_CONFIGS / options["model"]
+    if not (model_path / "config.json").is_file():
+        raise adapter_error("kernel check", f"no weightless config.json for model {options['model']!r} under {MODEL_CONFIGS}")
+    argv = ["--model-path", os.fspath(model_path), "--device", device.type,
+            "--attention-backend", options["backend"], "--dtype", _TORCH_DTYPES[dtype],
+            "--tp-size", str(options["tp"]), "--dcp-size", str(options["dcp"]),
+            "--page-size", str(options["page_size"]), "--kv-cache-dtype", options["kv_cache_dtype"],
+            "--triton-attention-num-kv-splits", str(options["num_kv_splits"])]
+    speculative = options.get("speculative")
+    if speculative:
+        algorithm, topk, steps, draft = speculative
+        argv += ["--speculative-algorithm", {"eagle": "EAGLE", "eagle3": "EAGLE3"}.get(algorithm, "NEXTN"),
+                 "--speculative-eagle-topk", str(topk), "--speculative-num-steps", str(steps),
+                 "--speculative-num-draft-tokens", str(draft)]
+        if not options["mla"]:
+            argv += ["--speculative-draft-model-path", os.fspath(model_path)]
+    return argv
+
+
+def publish(engine: Engine, options: Mapping[str, Any], dtype: torch.dtype, device: torch.device) -> Published:
+    """Publish the check's server args (once per configuration; again if anything else published since)."""
+    global _published
+    key = (tuple(sorted((k, repr(v)) for k, v in options.items())), str(dtype), device.type)
+    with _lock:
+        current = _published
+        if current is not None and current.key == key and _is_published(engine, current.server_args):
+            return current
+        server_args = engine.prepare_server_args(server_argv(options, dtype, device))
+        server_args.resolve_once()
+        engine.rc.publish(server_args, role="test")
+        for field, want in (("page_size", options["page_size"]), ("kv_cache_dtype", options["kv_cache_dtype"]),
+                            ("attention_backend", options["backend"])):
+            got = getattr(server_args, field, want)
+            if str(got) != str(want):
+                raise adapter_error("kernel check", f"on {device.type} SGLang resolved {field}={got!r}, "
+                                   f"the cell resolved {want!r}")
+        _published = Published(key, server_args, engine.model_config_of(server_args))
+        return _published
+
+
+def _is_published(engine: Engine, server_args: Any) -> bool:
+    try:
+        return engine.rc.get_server_args() is server_args
+    except Exception:
+        return False
+
+
+# ---- the DCP group -----------------------------------------------------------------------------
+
+
+class InProcessGroup:
+    """``GroupCoordinator``'s collective methods over the harness's turn-taking in-process ranks.
+
+    Only the communication is ours: SGLang's merge functions call these
+    methods unchanged. After every collective the calling rank's place is
+    stated again on SGLang's ``ParallelContext`` (the ranks share one
+    process and take turns only inside a collective).
+    """
+
+    def __init__(self, collectives: Any, activate: Callable[[], None], name: str = "dcp") -> None:
+        self._c = collectives
+        self._activate = activate
+        self.world_size = collectives.world
+        self.rank_in_group = collectives.rank
+        self.rank = collectives.rank
+        self.local_rank = collectives.rank
+        self.ranks = list(range(collectives.world))
+        self.unique_name = f"pytest-mla:{name}"
+        self.device_group = None
+        self.cpu_group = None
+        self.first_rank, self.last_rank = 0, collectives.world - 1
+        self.is_first_rank = collectives.rank == 0
+        self.is_last_rank = collectives.rank == collectives.world - 1
+
+    def _after(self, value: Any) -> Any:
+        self._activate()
+        return value
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1, output_tensor_list: Any = None) -> torch.Tensor:
+        parts = self._c.all_gather(input_.contiguous())
+        if output_tensor_list is not None:
+            for out, part in zip(output_tensor_list, parts):
+                out.copy_(part)
+            return self._after(None)
+        return self._after(torch.cat(parts, dim=dim))
+
+    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        return self._after(self._c.all_reduce(input_.contiguous()))
+
+    def reduce_scatter_along_dim(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        total = self._c.all_reduce(input_.contiguous())
+        return self._after(total.chunk(self.world_size, dim=dim)[self.rank_in_group].contiguous())
+
+    def barrier(self) -> None:
+        self._c.barrier()
+        self._activate()
+
+
+def sglang_group(collectives: Any) -> Any:
+    """SGLang's own ``GroupCoordinator`` over a real (gloo) process group (``--mla-dcp-mode=distributed``)."""
+    from sglang.srt.distributed import parallel_state
+
+    kwargs = {"use_pynccl": False, "use_custom_allreduce": False, "use_message_queue_broadcaster": False,
+              "group_name": "dcp", "use_mscclpp": False, "use_torch_symm_mem_allreduce": False}
+    accepted = inspect.signature(parallel_state.init_model_parallel_group).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    return parallel_state.init_model_parallel_group([list(range(collectives.world))], collectives.rank, "gloo",
+                                                   **kwargs)
+
+
+# ---- small helpers -----------------------------------------------------------------------------
+
+
+def construct(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` with the keyword arguments its signature accepts (they move between releases)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(*args, **kwargs)
+
+
+def make_dataclass(cls: type, **values: Any) -> Any:
+    """An instance of a (data)class from the fields it has; missing required fields raise."""
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(values)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def poison(buffer: torch.Tensor, dtype: torch.dtype) -> None:
+    """Fill a pool buffer (possibly stored as bytes) with NaN of its logical ``dtype``."""
+    nan = torch.full(buffer.shape, math.nan, dtype=dtype, device=buffer.device)
+    buffer.copy_(nan.view(buffer.dtype) if buffer.dtype != dtype else nan)
+
+
+# ---- one rank ----------------------------------------------------------------------------------
+
+
+class RankSetup:
+    """SGLang's model runner pieces for one DCP rank, filled from a check's inputs; ``compute`` runs the path."""
+
+    @classmethod
+    def build(cls, engine: Engine, inputs: Any, ctx: Any, options: Mapping[str, Any]) -> "RankSetup":
+        self = cls()
+        self.engine, self.inputs, self.ctx, self.options = engine, inputs, ctx, dict(options)
+        self.device = ctx.device
+        self.dtype = inputs.q.dtype
+        self.world, self.rank = ctx.world, ctx.rank
+        if self.world != options["dcp"]:
+            raise adapter_error("kernel check", f"{self.world} ranks for dcp={options['dcp']}")
+        self.published = publish(engine, options, self.dtype, self.device)
+        self.model_config = self.published.model_config
+        self._parallel = engine.rc.get_parallel()
+        self._saved_overrides = dict(getattr(self._parallel, "_overrides", {}))
+        self.group = self._make_group()
+        self.activate()
+        self.spec = options.get("speculative")
+        self._notes: list[str] = []
+        self._build_pools()
+        self._build_backend()
+        self._fill()
+        self._build_batch()
+        return self
+
+    # -- the rank's place -------------------------------------------------------------------------
+    def _make_group(self) -> Any:
+        if self.world == 1:
+            return None
+        collectives = self.ctx.collectives
+        if getattr(collectives, "process_group", None) is not None:
+            return sglang_group(collectives)
+        return InProcessGroup(collectives, self.activate)
+
+    def rank_fields(self) -> dict[str, Any]:
+        r = self.rank
+        fields: dict[str, Any] = {"tp_rank": r, "attn_tp_rank": r, "dcp_rank": r, "attn_dcp_rank": r,
+                                  "pp_rank": 0, "attn_dp_rank": 0, "attn_cp_rank": 0, "moe_ep_rank": 0}
+        if self.group is not None:
+            fields["dcp_group"] = self.group
+        return fields
+
+    def activate(self) -> None:
+        """State this rank's place on SGLang's ``ParallelContext`` (its scoped overrides)."""
+        self._parallel._overrides = {**self._saved_overrides, **self.rank_fields()}
+
+    def close(self) -> None:
+        self._parallel._overrides = dict(self._saved_overrides)
+
+    # -- pools -----------------------------------------------------------------------------------
+    def _kv_torch_dtype(self) -> torch.dtype:
+        options = self.options
+        if options["kv_cache_dtype"] == "auto":
+            return self.dtype
+        return {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[options["kv_cache_dtype"]]
+
+    def _build_pools(self) -> None:
+        engine, inputs, mc = self.engine, self.inputs, self.model_config
+        page, world = self.options["page_size"], self.world
+        seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
+        self.seqlens = seqlens
+        alloc_page = page * world  # the widened allocator pages under DCP
+        tokens = sum(-(-n // alloc_page) * alloc_page for n in seqlens) + (len(seqlens) + _SPARE_PAGES) * alloc_page
+        rows = -(-tokens // world)  # per-rank rows
+        self.kv_dtype = self._kv_torch_dtype()
+        if inputs.kv_cache.dtype != self.kv_dtype:
+            raise adapter_error("kernel check", f"the check's cache is {inputs.kv_cache.dtype}, SGLang's pool {self.kv_dtype}")
+        max_len = max(seqlens) + 8
+        self.req_to_token_pool = construct(engine.memory_pool.ReqToTokenPool, size=len(seqlens) + 3,
+                                           max_context_len=max_len, device=str(self.device), enable_memory_saver=False)
+        if self.options["mla"]:
+            self.pool = construct(engine.memory_pool.MLATokenToKVPool, rows, page_size=page, dtype=self.kv_dtype,
+                                  kv_lora_rank=mc.kv_lora_rank, qk_rope_head_dim=mc.qk_rope_head_dim, layer_num=1,
+                                  device=str(self.device), enable_memory_saver=False, start_layer=0, end_layer=0)
+            self.buffers = [self.pool.kv_buffer[0]]
+        else:
+            head_num = inputs.kv_cache.shape[2]
+            self.pool = construct(engine.memory_pool.MHATokenToKVPool, rows, page_size=page, dtype=self.kv_dtype,
+                                  head_num=head_num, head_dim=inputs.kv_cache.shape[3], layer_num=1,
+                                  device=str(self.device), enable_memory_saver=False,
+                                  v_head_dim=inputs.head_dim_v, start_layer=0, end_layer=0,
+                                  enable_alt_stream=False, enable_kv_cache_copy=False)
+            self.buffers = [self.pool.k_buffer[0], self.pool.v_buffer[0]]
+        for buffer in self.buffers:
+            poison(buffer, self.kv_dtype)
+        if page == 1 and world == 1:
+            self.allocator = construct(engine.allocators["TokenToKVPoolAllocator"], rows, dtype=self.kv_dtype,
+                                       device=str(self.device), kvcache=self.pool, need_sort=False)
+        else:  # the KV-cache configurator's branch for page_size > 1 or DCP: pages widened by the DCP size
+            self.allocator = construct(engine.allocators["PagedTokenToKVPoolAllocator"], rows * world,
+                                       page_size=alloc_page, dtype=self.kv_dtype, device=str(self.device),
+                                       kvcache=self.pool, need_sort=False)
+        self.translator = construct(engine.translator_cls, req_to_token=self.req_to_token_pool.req_to_token,
+                                    token_to_kv_pool_allocator=self.allocator, token_to_kv_pool=self.pool,
+                                    page_size=page, device=str(self.device), is_draft_worker=False)
+
+    # -- the backend, through SGLang's factory ------------------------------------------------------
+    def _runner(self) -> Any:
+        engine = self.engine
+        algorithm = engine.spec_algorithm.from_string(
+            {"eagle": "EAGLE", "eagle3": "EAGLE3"}.get(self.spec[0], "NEXTN") if self.spec else "NONE")
+        runner = types.SimpleNamespace(
+            server_args=self.published.server_args, model_config=self.model_config,
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
+            token_to_kv_pool_allocator=self.allocator, kv_index_translator=self.translator,
+            sliding_window_size=None, page_size=self.options["page_size"], is_draft_worker=False,
+            spec_algorithm=algorithm, kv_cache_dtype=self.kv_dtype, dtype=self.dtype, device=str(self.device),
+            gpu_id=self.device.index or 0, use_mla_backend=self.options["mla"], init_new_workspace=False,
+            is_hybrid_swa=False, attention_chunk_size=None, mambaish_config=None,
+        )
+        runner.decode_num_tokens_per_req = types.MethodType(engine.model_runner_cls.decode_num_tokens_per_req, runner)
+        return runner
+
+    def _build_backend(self) -> None:
+        engine = self.engine
+        self.runner = self._runner()
+        factory = engine.registry.ATTENTION_BACKENDS[self.options["backend"]]
+        self.backend = factory(self.runner)
+        inputs = self.inputs
+        heads_local = inputs.q.shape[2] // self.world
+        self.heads = (self.rank * heads_local, (self.rank + 1) * heads_local)
+        d_qk, d_v = inputs.q.shape[3], inputs.head_dim_v
+        kv_heads = inputs.kv_cache.shape[2]
+        self.layer = engine.radix_attention_cls(heads_local, d_qk, inputs.softmax_scale, num_kv_heads=kv_heads,
+                                                layer_id=0, v_head_dim=d_v)
+        self.layer_gathered = None
+        if self.options["mla"] and self.world > 1:  # the model's second layer object for the gathered heads
+            self.layer_gathered = engine.radix_attention_cls(heads_local * self.world, d_qk, inputs.softmax_scale,
+                                                             num_kv_heads=kv_heads, layer_id=0, v_head_dim=d_v)
+        if inputs.kv_scale is not None:
+            for layer in filter(None, (self.layer, self.layer_gathered)):
+                _set_kv_scales(layer, float(inputs.kv_scale), self.device)
+
+    # -- the cache, written the engine's way ---------------------------------------------------------
+    def _dense_rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Request ``i``'s cached rows ``[n, h_kv, d]`` (and V rows), in the cache's dtype."""
+        inputs = self.inputs
+        n = self.seqlens[i]
+        page = inputs.kv_cache.shape[1]
+        pages = inputs.block_table[i, : -(-n // page)].long()
+        k = inputs.kv_cache[pages].reshape(-1, *inputs.kv_cache.shape[2:])[:n]
+        v = None
+        if inputs.v_cache is not None:
+            v = inputs.v_cache[pages].reshape(-1, *inputs.v_cache.shape[2:])[:n]
+        return k, v
+
+    def _fill(self) -> None:
+        """Slots from SGLang's allocator (requests in a seeded order, a hole after each); cached tokens written."""
+        inputs = self.inputs
+        generator = torch.Generator().manual_seed(int(self.ctx.case.seed))
+        b = len(self.seqlens)
+        rows = torch.randperm(self.req_to_token_pool.req_to_token.shape[0], generator=generator)[:b]
+        self.req_pool_indices = rows.to(torch.int64)
+        alloc_page = self.options["page_size"] * self.world
+        self.slots: list[torch.Tensor] = [None] * b  # type: ignore[list-item]
+        for i in torch.randperm(b, generator=generator).tolist():
+            n = self.seqlens[i]
+            need = -(-n // alloc_page) * alloc_page if alloc_page > 1 else n
+            got = self.allocator.alloc(need) if need else torch.empty(0, dtype=torch.int64)
+            hole = self.allocator.alloc(alloc_page)
+            if got is None or hole is None:
+                raise adapter_error("kernel check", "the check's pool is too small")
+            self.slots[i] = got[:n].to(self.device)
+            self.req_to_token_pool.req_to_token[int(rows[i]), :n] = self.slots[i].to(
+                self.req_to_token_pool.req_to_token.dtype)
+        s_new = inputs.q.shape[1]  # tokens the forward writes itself: the decoded token, or the draft tokens
+        self.prefix_lens = [max(n - s_new, 0) for n in self.seqlens]
+        for i, n in enumerate(self.seqlens):
+            p = self.prefix_lens[i]
+            if p:
+                k, v = self._dense_rows(i)
+                self._write(self.slots[i][:p], torch.arange(p, device=self.device), k[:p], None if v is None else v[:p])
+
+    def _write(self, loc: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        """Write cached tokens through the pool's own write path (under DCP: the rank's share, SGLang's rule)."""
+        if self.options["mla"]:
+            self._write_mla(loc, k)
+            return
+        # GQA: the backend's own KV write (``_set_kv_buffer``: loc // dcp and the owner mask under DCP)
+        scale = self.inputs.kv_scale
+        k_in = (k.to(self.dtype) * scale if scale is not None else k.to(self.dtype))
+        v_in = (v.to(self.dtype) * scale if scale is not None else v.to(self.dtype))
+        batch = types.SimpleNamespace(out_cache_loc=loc, out_cache_loc_is_physical=False, positions=positions,
+                                      dcp_kv_mask=None)
+        loc_info = _write_loc(loc)
+        self.backend._set_kv_buffer(batch, self.layer, loc_info, k_in, v_in, self.layer.k_scale, self.layer.v_scale)
+
+    def _write_mla(self, loc: torch.Tensor, k: torch.Tensor) -> None:
+        """MLA rows: the backend's own door without DCP; under DCP ``set_mla_kv_buffer``, which applies the owner rule."""
+        kv_lora = self.inputs.head_dim_v
+        if self.world == 1:
+            self.pool.set_kv_buffer(self.layer, _write_loc(loc), k, k[..., :kv_lora])
+            return
+        try:
+            self.pool.set_mla_kv_buffer(self.layer, loc, k[..., :kv_lora].contiguous(), k[..., kv_lora:].contiguous())
+        except Exception as exc:
+            from triton.runtime.errors import InterpreterError
+
+            if not isinstance(exc, InterpreterError):
+                raise
+            # 0.5.20/0.5.21: the write kernel has no torch path and Triton's interpreter cannot run it
+            from sglang.srt.layers.dcp.layout import filter_dcp_local_kv_indices
+
+            owned = filter_dcp_local_kv_indices(loc)
+            keep = torch.isin(loc, owned)
+            rows = owned // self.world
+            self.buffers[0][rows] = k[keep].to(self.kv_dtype).view(self.buffers[0].dtype)
+            self._notes.append("cached MLA rows written at filter_dcp_local_kv_indices(loc) // dcp_size "
+                               "(set_mla_kv_buffer's Triton kernel does not run under the interpreter here)")
+
+    # -- the forward batch ------------------------------------------------------------------------
+    def _build_batch(self) -> None:
+        engine, inputs = self.engine, self.inputs
+        b, s_q = inputs.q.shape[:2]
+        self.order = torch.arange(s_q).repeat(b, 1)  # SGLang's token j of request i is the check's query order[i, j]
+        spec_info = None
+        if self.spec:
+            from .sglang_tree import verify_input
+
+            spec_info, self.order, positions = verify_input(self, engine)
+            mode = engine.forward_mode.TARGET_VERIFY
+            seq_lens = torch.tensor(self.prefix_lens, dtype=torch.int64)
+            out_slots = []
+            for i in range(b):  # draft token j of request i lives at req_to_token[i, prefix + j]
+                out_slots.append(self.slots[i][self.prefix_lens[i]:])
+            out_cache_loc = torch.cat(out_slots)
+        else:
+            mode = engine.forward_mode.DECODE
+            seq_lens = torch.tensor(self.seqlens, dtype=torch.int64)
+            out_cache_loc = torch.stack([self.slots[i][-1] for i in range(b)])
+            positions = seq_lens - 1
+        device = self.device
+        seq_lens = seq_lens.to(device)
+        values = dict(
+            forward_mode=mode, batch_size=b, input_ids=torch.zeros(b * s_q, dtype=torch.int64, device=device),
+            req_pool_indices=self.req_pool_indices.to(device), seq_lens=seq_lens,
+            out_cache_loc=out_cache_loc.to(device), seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.cpu(),
+            positions=positions.to(device), spec_info=spec_info, spec_algorithm=self.runner.spec_algorithm,
+        )
+        self.forward_batch = make_dataclass(engine.forward_batch_cls, **values)
+        own_plan = getattr(self.translator, "own_plan", None)
+        if own_plan is not None:  # 0.5.22+: a ForwardBatch is bound to the translator's plan
+            own_plan(self.forward_batch).bind(self.forward_batch, self.translator)
+
+    # -- running SGLang's path ------------------------------------------------------------------------
+    def compute(self) -> Any:
+        from ..kernels.engine_runner import RankResult
+
+        engine, inputs = self.engine, self.inputs
+        b, s_q, _, d_qk = inputs.q.shape
+        h0, h1 = self.heads
+        order = self.order.to(inputs.q.device)
+        q = torch.stack([inputs.q[i, order[i], h0:h1] for i in range(b)]).reshape(b * s_q, h1 - h0, d_qk)
+        k_new, v_new = self._new_kv(order)
+        fctx = engine.forward_context
+        context = fctx.forward_context(fctx.ForwardContext(attn_backend=self.backend))
+        self.activate()
+        with context:
+            self.backend.init_forward_metadata(self.forward_batch)
+            if self.options["mla"]:
+                from .sglang_model import deepseek_attention
+
+                out, functions = deepseek_attention(self, q, k_new)
+            else:
+                out = self.layer(q.reshape(b * s_q, -1), k_new.reshape(b * s_q, -1), v_new.reshape(b * s_q, -1),
+                                 self.forward_batch)
+                functions = (f"sglang.srt.layers.radix_attention:RadixAttention.forward",)
+        out = out.reshape(b, s_q, h1 - h0, inputs.head_dim_v)
+        result = torch.empty_like(out)
+        for i in range(b):
+            result[i, order[i]] = out[i]
+        if self.world > 1:
+            merge = ("sglang.srt.models.deepseek_common.attention_forward_methods.forward_mla:"
+                     "DeepseekMLAForwardMixin.forward_absorb_core") if self.options["mla"] else \
+                "sglang.srt.layers.dcp.comm:cp_lse_ag_out_rs_mha"
+            functions = tuple(functions) + (merge,)
+        return RankResult(out=result, lse=None, heads=self.heads if self.world > 1 else None,
+                          functions=tuple(functions), notes=tuple(self.notes()))
+
+    def _new_kv(self, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """K (and V) of the tokens this forward writes, in SGLang's token order, in the query dtype."""
+        inputs = self.inputs
+        b, s_q = inputs.q.shape[:2]
+        scale = inputs.kv_scale
+        ks, vs = [], []
+        for i in range(b):
+            k, v = self._dense_rows(i)
+            p = self.prefix_lens[i]
+            k_i = k[p:][order[i]].to(self.dtype)
+            ks.append(k_i * scale if scale is not None else k_i)
+            if v is not None:
+                v_i = v[p:][order[i]].to(self.dtype)
+                vs.append(v_i * scale if scale is not None else v_i)
+        k_new = torch.cat(ks)
+        return k_new, (torch.cat(vs) if vs else None)
+
+    def notes(self) -> list[str]:
+        notes = [f"sglang {self.engine.version}: {type(self.backend).__name__} built by SGLang's factory with "
+                 f"--triton-attention-num-kv-splits {self.options['num_kv_splits']}"]
+        notes += self._notes
+        if self.inputs.kv_scale is not None:
+            notes.append("fp8 KV cache with a per-tensor scale set on the layer (k_scale / v_scale), "
+                         "as a checkpoint with KV scales sets it")
+        return notes
+
+
+def _set_kv_scales(layer: Any, scale: float, device: torch.device) -> None:
+    """The KV scales a checkpoint's ``BaseKVCacheMethod`` leaves on an attention layer."""
+    for name in ("k_scale", "v_scale"):
+        setattr(layer, name, torch.nn.Parameter(torch.tensor(scale, dtype=torch.float32, device=device),
+                                                requires_grad=False))
+        setattr(layer, f"{name}_float", scale)
+
+
+def _write_loc(loc: torch.Tensor) -> Any:
+    try:
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+    except ImportError:
+        return loc
+    return construct(KVWriteLoc, loc, physical=False)
