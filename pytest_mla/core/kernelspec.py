@@ -34,6 +34,9 @@ class KernelSpec:
     returns_lse: bool = True  # returns a rank-local LSE (needed for the DCP merge)
     dcp_positions: bool = True  # masks by global positions under DCP (needed for DCP + spec)
     tree_mask: bool = True  # takes a speculative tree mask
+    #: Rounds q and the softmax weights to the fp8 cache dtype for its dots (an FP8 MMA);
+    #: an fp8-cache check is then held to ``compare.FP8_DOT_TOLERANCES``.
+    fp8_dots: bool = False
     protocol: str = "mla_decode"
     level: str = "ours"  # "ours" (this project's kernel or a library wrapper), "backend", "kernel"
     function: str | None = None  # the engine function computing attention, "module:qualname"

@@ -146,7 +146,7 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     return KernelSpec(
         name=decode_backend, target=TARGET, protocol="engine", level="backend", package=PACKAGE,
         function=f"{_backend_module(decode_backend)}:{name}.{method}", options=options, case=tuple(case),
-        returns_lse=False,
+        returns_lse=False, fp8_dots=decode_backend in INTERPRETED,
     ), ""
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TOLERANCES", "CloseResult", "DtypeTolerance", "Tolerance", "check_close", "tolerance_for"]
+__all__ = ["FP8_DOT_TOLERANCES", "TOLERANCES", "CloseResult", "DtypeTolerance", "Tolerance", "check_close", "tolerance_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +49,26 @@ TOLERANCES: dict[str, DtypeTolerance] = {
 }
 
 
-def tolerance_for(dtype: str, kv_dtype: str = "auto") -> DtypeTolerance:
-    """The table entry for a case: the fp8 row for an fp8 cache (e4m3 or e5m2), else the compute dtype's row."""
+#: For a kernel that rounds its dot operands to the fp8 cache dtype too (``KernelSpec.fp8_dots``):
+#: q for Q·Kᵀ and the softmax weights P for P·V, as an FP8 MMA takes them (SGLang's Triton
+#: decode and extend kernels: ``q.to(K_Buffer.dtype.element_ty)``, ``p.to(v.dtype)``). One
+#: rounding of q and of P costs half an fp8 ulp relative: 2⁻⁴ for e4m3, 2⁻³ for e5m2. Measured
+#: on the check shapes (SGLang 0.5.20–0.5.23, bf16): out max abs 3.6e-3 / cos 2.5e-5 (e4m3),
+#: 6.0e-3 / 5.4e-5 (e5m2); the bounds leave about 3x. A token too many or too few moves the
+#: output by ~1e-2 and its cosine by ~1e-2, far beyond them.
+FP8_DOT_TOLERANCES: dict[str, DtypeTolerance] = {
+    "fp8_e4m3": DtypeTolerance(out=Tolerance(abs=1e-2, rel=2.0**-3, cos=1e-4), lse=Tolerance(abs=1e-3)),
+    "fp8_e5m2": DtypeTolerance(out=Tolerance(abs=2e-2, rel=2.0**-2, cos=2e-4), lse=Tolerance(abs=2e-3)),
+}
+
+
+def tolerance_for(dtype: str, kv_dtype: str = "auto", *, fp8_dots: bool = False) -> DtypeTolerance:
+    """The table entry for a case: the fp8 row for an fp8 cache (e4m3 or e5m2), else the compute dtype's row.
+
+    ``fp8_dots``: the kernel also rounds q and P to the cache's fp8 dtype (``FP8_DOT_TOLERANCES``).
+    """
+    if fp8_dots and kv_dtype in FP8_DOT_TOLERANCES:
+        return FP8_DOT_TOLERANCES[kv_dtype]
     return TOLERANCES["fp8_e4m3" if kv_dtype.startswith("fp8") else dtype]
 
 

@@ -307,14 +307,15 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
 
     from .collectives import TorchCollectives
     from .engine_runner import RankContext, engine_function_of
-    from .interpreter import bf16_dot_fix
+    from .interpreter import bf16_dot_fix, no_overflow_sanitizer
 
     problem = torch.load(os.path.join(args.dir, "problem.pt"), weights_only=False)
     inputs, case = problem["inputs"].to(device), problem["case"]
     collectives = TorchCollectives(device=device if nccl else torch.device("cpu"))
     ctx = RankContext(args.rank, args.world, case.dcp_interleave, collectives, device, case)
     try:
-        with bf16_dot_fix("interpreter" if device.type == "cpu" else str(device)):
+        where = "interpreter" if device.type == "cpu" else str(device)
+        with bf16_dot_fix(where), no_overflow_sanitizer(where):
             result = runner(inputs, ctx, problem["options"])
     except BaseException as exc:
         info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package)}

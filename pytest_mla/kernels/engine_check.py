@@ -58,7 +58,7 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     from ._mode import ensure_triton_mode
     from .compare import check_close, tolerance_for
     from .harness import gen_case_inputs
-    from .interpreter import bf16_dot_fix
+    from .interpreter import bf16_dot_fix, no_overflow_sanitizer
     from .reference import ref_mla_decode
     from ..core.targets import import_target
 
@@ -85,7 +85,7 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
                     raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
                 raise
 
-        with bf16_dot_fix(where):
+        with bf16_dot_fix(where), no_overflow_sanitizer(where):
             results = run_ranks_in_process(one_rank, case.dcp, timeout_s=timeout_s * max(case.dcp, 1))
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -93,7 +93,7 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
 
     ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
     out, lse, ref_out_parts, ref_lse_parts = _gather_heads(results, ref_out, ref_lse)
-    tol = tolerance_for(case.dtype, case.kv_dtype)
+    tol = tolerance_for(case.dtype, case.kv_dtype, fp8_dots=spec.fp8_dots)
     out_check = check_close("out", out, ref_out_parts, tol.out)
     lse_check = check_close("lse", lse, ref_lse_parts, tol.lse) if lse is not None else None
     checks = [c for c in (out_check, lse_check) if c is not None]

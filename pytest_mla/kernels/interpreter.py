@@ -17,7 +17,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-__all__ = ["bf16_dot_fix"]
+__all__ = ["bf16_dot_fix", "no_overflow_sanitizer"]
 
 _lock = threading.Lock()
 _depth = 0
@@ -70,3 +70,44 @@ def bf16_dot_fix(where: str = "interpreter") -> Iterator[bool]:
             if _depth == 0:
                 InterpreterBuilder.create_dot = _saved
                 _saved = None
+
+
+_sanitizer_depth = 0
+_sanitizer_saved: Any = None
+
+
+@contextlib.contextmanager
+def no_overflow_sanitizer(where: str = "interpreter") -> Iterator[bool]:
+    """Run Triton's interpreter without its integer-overflow sanitizer while the block runs.
+
+    The interpreter checks every 32-bit integer add, sub and mul for overflow
+    (``InterpreterOptions.sanitize_overflow``), a debugging aid a GPU compile
+    only turns on with ``debug``: on an engine's Triton kernels it costs about
+    two thirds of an interpreted check. Without it the interpreter computes as
+    a GPU build does. Yields whether it is off; does nothing unless
+    ``where == "interpreter"`` and ``TRITON_INTERPRET`` is on. Re-entrant.
+    """
+    from ._mode import is_interpreter
+
+    if where != "interpreter" or not is_interpreter():
+        yield False
+        return
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    global _sanitizer_depth, _sanitizer_saved
+    builder = interpreter.interpreter_builder
+    with _lock:
+        if _sanitizer_depth == 0:
+            _sanitizer_saved = builder.options
+            builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+        _sanitizer_depth += 1
+    try:
+        yield True
+    finally:
+        with _lock:
+            _sanitizer_depth -= 1
+            if _sanitizer_depth == 0:
+                builder.options = _sanitizer_saved
+                _sanitizer_saved = None
