@@ -278,6 +278,25 @@ def poison(buffer: torch.Tensor, dtype: torch.dtype) -> None:
     buffer.copy_(nan.view(buffer.dtype) if buffer.dtype != dtype else nan)
 
 
+# The ranks of one in-process check share SGLang's ParallelContext: the scoped overrides it had
+# before the first rank started are put back when the last one ends.
+_baseline: list[Any] = [None, 0]  # [overrides before the check, ranks inside it]
+
+
+def _enter_ranks(parallel: Any) -> None:
+    with _lock:
+        if _baseline[1] == 0:
+            _baseline[0] = dict(getattr(parallel, "_overrides", {}))
+        _baseline[1] += 1
+
+
+def _leave_ranks(parallel: Any) -> None:
+    with _lock:
+        _baseline[1] -= 1
+        if _baseline[1] == 0:
+            parallel._overrides = dict(_baseline[0])
+
+
 # ---- one rank ----------------------------------------------------------------------------------
 
 
@@ -296,15 +315,19 @@ class RankSetup:
         self.published = publish(engine, options, self.dtype, self.device)
         self.model_config = self.published.model_config
         self._parallel = engine.rc.get_parallel()
-        self._saved_overrides = dict(getattr(self._parallel, "_overrides", {}))
-        self.group = self._make_group()
-        self.activate()
-        self.spec = options.get("speculative")
-        self._notes: list[str] = []
-        self._build_pools()
-        self._build_backend()
-        self._fill()
-        self._build_batch()
+        _enter_ranks(self._parallel)
+        try:
+            self.group = self._make_group()
+            self.activate()
+            self.spec = options.get("speculative")
+            self._notes: list[str] = []
+            self._build_pools()
+            self._build_backend()
+            self._fill()
+            self._build_batch()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     # -- the rank's place -------------------------------------------------------------------------
@@ -326,10 +349,10 @@ class RankSetup:
 
     def activate(self) -> None:
         """State this rank's place on SGLang's ``ParallelContext`` (its scoped overrides)."""
-        self._parallel._overrides = {**self._saved_overrides, **self.rank_fields()}
+        self._parallel._overrides = {**_baseline[0], **self.rank_fields()}
 
     def close(self) -> None:
-        self._parallel._overrides = dict(self._saved_overrides)
+        _leave_ranks(self._parallel)
 
     # -- pools -----------------------------------------------------------------------------------
     def _kv_torch_dtype(self) -> torch.dtype:
