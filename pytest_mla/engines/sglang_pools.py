@@ -316,11 +316,11 @@ class RankSetup:
         self.model_config = self.published.model_config
         self._parallel = engine.rc.get_parallel()
         _enter_ranks(self._parallel)
+        self._notes: list[str] = []
         try:
             self.group = self._make_group()
             self.activate()
             self.spec = options.get("speculative")
-            self._notes: list[str] = []
             self._build_pools()
             self._build_backend()
             self._fill()
@@ -334,8 +334,11 @@ class RankSetup:
     def _make_group(self) -> Any:
         if self.world == 1:
             return None
+        from ..kernels.collectives import TorchCollectives
+
         collectives = self.ctx.collectives
-        if getattr(collectives, "process_group", None) is not None:
+        if isinstance(collectives, TorchCollectives):  # one process per rank: SGLang's own group
+            self._notes.append("DCP group: SGLang's init_model_parallel_group over gloo")
             return sglang_group(collectives)
         return InProcessGroup(collectives, self.activate)
 

@@ -1,0 +1,186 @@
+"""Faults injected at run time into the installed SGLang's own kernels and merge, and a driver that checks cells.
+
+Run inside an SGLang venv (``tests/engines/test_sglang_backend.py`` does)::
+
+    python tests/engines/sglang_faults.py SCENARIO [SCENARIO ...] [--dcp-mode distributed]
+
+A scenario is ``FAULT:CASE`` (``none`` for no fault); the driver prints one
+JSON line per scenario with the kernel record's status, message and errors.
+Nothing in the venv is edited: each fault replaces an SGLang function in this
+process (and, for ``--dcp-mode distributed``, in every rank process, which
+runs ``run`` below as its engine runner) and is undone afterwards.
+
+Faults (what a buggy release could ship):
+
+* ``decode-drops-first-token``: ``decode_attention_fwd`` skips each request's
+  first cached token (an off-by-one in the decode kernel's range).
+* ``extend-drops-last-prefix-token``: ``extend_attention_fwd`` skips each
+  request's last prefix token (an off-by-one in the verify kernel's prefix).
+* ``merge-ignores-lse``: ``cp_lse_ag_out_rs_mha`` averages the ranks' partial
+  outputs instead of weighting them by their LSE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[2]
+FAULT_ENV = "PYTEST_MLA_SGLANG_FAULT"
+
+#: Cells the driver knows: id -> (model, spec, dcp, kv_dtype).
+CASES = {
+    "v2lite-decode": ("deepseek-v2-lite", "none", 1, "auto"),
+    "v2lite-tree": ("deepseek-v2-lite", "eagle-4x3", 1, "auto"),
+    "v2lite-chain": ("deepseek-v2-lite", "eagle-1x3", 1, "auto"),
+    "v2lite-decode-fp8": ("deepseek-v2-lite", "none", 1, "fp8_e4m3"),
+    "v2lite-decode-dcp4": ("deepseek-v2-lite", "none", 4, "auto"),
+    "llama-decode-dcp4": ("llama-3.1-8b", "none", 4, "auto"),
+    "llama-decode": ("llama-3.1-8b", "none", 1, "auto"),
+}
+
+
+def _drop_tokens(indptr: Any, indices: Any, *, first: bool) -> tuple[Any, Any]:
+    """``(indptr, indices)`` with each non-empty request's first (or last) token removed."""
+    import torch
+
+    keep = torch.ones(indices.shape[0], dtype=torch.bool, device=indices.device)
+    for i in range(indptr.shape[0] - 1):
+        start, end = int(indptr[i]), int(indptr[i + 1])
+        if end > start:
+            keep[start if first else end - 1] = False
+    lens = indptr[1:] - indptr[:-1]
+    lens = torch.where(lens > 0, lens - 1, lens)
+    new_indptr = torch.zeros_like(indptr)
+    new_indptr[1:] = torch.cumsum(lens, 0)
+    return new_indptr, indices[: int(indptr[-1])][keep[: int(indptr[-1])]]
+
+
+def _decode_fault(original: Any) -> Any:
+    def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, *args, **kwargs):
+        kv_indptr, kv_indices = _drop_tokens(kv_indptr, kv_indices, first=True)
+        return original(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, *args, **kwargs)
+
+    return decode_attention_fwd
+
+
+def _extend_fault(original: Any) -> Any:
+    def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                             kv_indices, *args, **kwargs):
+        kv_indptr, kv_indices = _drop_tokens(kv_indptr, kv_indices, first=False)
+        return original(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                        kv_indices, *args, **kwargs)
+
+    return extend_attention_fwd
+
+
+def _merge_fault(original: Any) -> Any:
+    def cp_lse_ag_out_rs_mha(cp_attn_out, cp_attn_lse, cp_group, return_lse=False):
+        if cp_group.world_size == 1:
+            return original(cp_attn_out, cp_attn_lse, cp_group, return_lse=return_lse)
+        out = cp_group.all_reduce(cp_attn_out.nan_to_num(0.0)) / cp_group.world_size  # the LSEs are ignored
+        heads = out.shape[1] // cp_group.world_size
+        out = out[:, heads * cp_group.rank_in_group: heads * (cp_group.rank_in_group + 1)].contiguous()
+        return (out, cp_attn_lse[:, :heads]) if return_lse else out
+
+    return cp_lse_ag_out_rs_mha
+
+
+FAULTS = {
+    "decode-drops-first-token": ("sglang.kernels.ops.attention.decode_attention", "decode_attention_fwd", _decode_fault),
+    "extend-drops-last-prefix-token": ("sglang.kernels.ops.attention.extend_attention", "extend_attention_fwd",
+                                       _extend_fault),
+    "merge-ignores-lse": ("sglang.srt.layers.dcp.comm", "cp_lse_ag_out_rs_mha", _merge_fault),
+}
+
+
+@contextlib.contextmanager
+def injected(fault: str) -> Iterator[None]:
+    """Replace one SGLang function, and every module's binding of it, for the block."""
+    if fault == "none":
+        yield
+        return
+    import importlib
+
+    from pytest_mla.engines.sglang_pools import load_engine
+
+    load_engine()  # the Triton mode and stubs first, as the runner does
+    module_name, attr, make = FAULTS[fault]
+    importlib.import_module("sglang.srt.layers.attention.triton_backend")
+    module = importlib.import_module(module_name)
+    original = getattr(module, attr)
+    faulty = make(original)
+    bound = [(m, name) for m in list(sys.modules.values()) if m is not None and getattr(m, "__name__", "").startswith("sglang")
+             for name in (attr,) if getattr(m, name, None) is original]
+    for m, name in bound:
+        setattr(m, name, faulty)
+    try:
+        yield
+    finally:
+        for m, name in bound:
+            setattr(m, name, original)
+
+
+def run(inputs: Any, ctx: Any, options: Any) -> Any:
+    """The engine runner with the fault named in ``PYTEST_MLA_SGLANG_FAULT`` (for distributed rank processes)."""
+    from pytest_mla.engines.sglang_backend import run as sglang_run
+
+    with injected(os.environ.get(FAULT_ENV, "none")):
+        return sglang_run(inputs, ctx, options)
+
+
+def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str, Any]:
+    """One cell's kernel record, with the spec SGLang's resolution gives it (page size 1, tp = dcp)."""
+    import dataclasses
+
+    from pytest_mla.core.matrix import load_matrix
+    from pytest_mla.engines.sglang_backend import kernel_for
+    from pytest_mla.kernels import harness
+    from pytest_mla.runner import run_check
+
+    model, spec, dcp, kv = CASES[case_id]
+    matrix = load_matrix(ROOT / "matrix" / "sglang.toml")
+    coords = {"model": model, "backend": "triton", "dcp": dcp, "spec": spec, "arch": "sm90", "kv_dtype": kv}
+    cell = next(c for c in matrix.cells() if c.coords == coords)
+    config = matrix.models[model]
+    tp = dcp
+    kv_heads = 1 if config.mla else max(1, config.num_kv_heads // (tp // dcp))
+    kernel, _ = kernel_for(cell, config, decode_backend="triton", page_size=1, kv_cache_dtype=kv, tp=tp,
+                           num_heads=config.num_heads // tp, num_kv_heads=kv_heads, host_arch=None)
+    if wrapped:
+        kernel = dataclasses.replace(kernel, target="sglang_faults:run")
+    case = harness.case_for(cell.coords, config, seed=0, dtype=dtype, overrides=dict(kernel.case))
+    return run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode, timeout_s=300)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sglang_faults")
+    parser.add_argument("scenarios", nargs="+", metavar="FAULT:CASE")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--dcp-mode", default="in-process")
+    args = parser.parse_args(argv)
+    sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # rank processes inherit this path
+    for scenario in args.scenarios:
+        fault, _, case_id = scenario.partition(":")
+        distributed = args.dcp_mode == "distributed"
+        if distributed:
+            os.environ[FAULT_ENV] = fault
+            record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=True)
+        else:
+            with injected(fault):
+                record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=False)
+        errors = record.get("errors") or {}
+        print(json.dumps({"scenario": scenario, "status": record.get("status"), "finding": record.get("finding", False),
+                          "message": record.get("message"), "function": record.get("function"),
+                          "functions": record.get("functions"), "max_abs": (errors.get("out") or {}).get("max_abs_err"),
+                          "notes": record.get("notes")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""SGLang's own attention backend in kernel checks: verified cells, findings, and faults injected into SGLang.
+
+The checks that drive SGLang run inside each SGLang venv (0.5.20 to 0.5.23;
+skipped when one is absent) through ``tests/engines/sglang_faults.py``, which
+replaces one of the installed SGLang's functions at run time (never the
+venv's files): a fault in SGLang's decode kernel, its verify kernel or its
+DCP merge must turn the cells it touches from verified into failed, and
+leave the others verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pytest_mla.core.matrix import load_matrix
+from pytest_mla.engines.sglang_backend import kernel_for
+
+from ._venv import ROOT, run_matrix, venv_python
+
+MATRIX = ROOT / "matrix" / "sglang.toml"
+DRIVER = ROOT / "tests" / "engines" / "sglang_faults.py"
+VENVS = [".venv-sglang", ".venv-sglang-0.5.22", ".venv-sglang-0.5.21", ".venv-sglang-0.5.20"]
+
+
+def drive(venv: str, *scenarios: str, dcp_mode: str = "in-process", timeout: float = 900) -> dict[str, dict]:
+    python = venv_python(venv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    result = subprocess.run([os.fspath(python), os.fspath(DRIVER), *scenarios, "--dcp-mode", dcp_mode],
+                            cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return {row["scenario"]: row for row in rows}
+
+
+# ---- inside the SGLang venvs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("venv", VENVS)
+def test_sglang_backend_verifies_and_injected_faults_fail(venv):
+    rows = drive(
+        venv,
+        "none:v2lite-decode", "none:v2lite-tree", "none:llama-decode-dcp4", "none:v2lite-decode-dcp4",
+        "decode-drops-first-token:v2lite-decode", "decode-drops-first-token:llama-decode-dcp4",
+        "extend-drops-last-prefix-token:v2lite-tree", "extend-drops-last-prefix-token:v2lite-decode",
+        "merge-ignores-lse:llama-decode-dcp4", "merge-ignores-lse:v2lite-decode",
+    )
+    status = {k: v["status"] for k, v in rows.items()}
+    # SGLang's own backend computes within tolerance (bf16, Triton interpreter with the dot fix)
+    assert status["none:v2lite-decode"] == "verified", rows["none:v2lite-decode"]
+    assert status["none:v2lite-tree"] == "verified", rows["none:v2lite-tree"]
+    assert status["none:llama-decode-dcp4"] == "verified", rows["none:llama-decode-dcp4"]
+    assert "sglang.srt.layers.dcp.comm:cp_lse_ag_out_rs_mha" in rows["none:llama-decode-dcp4"]["functions"]
+    assert any("forward_absorb_core" in f for f in rows["none:v2lite-decode"]["functions"])
+    # an accepted configuration whose backend raises is a finding, with SGLang's function named
+    finding = rows["none:v2lite-decode-dcp4"]
+    assert finding["status"] == "failed" and finding["finding"], finding
+    assert finding["message"].startswith("engine accepted this configuration, but its backend raised AssertionError")
+    assert finding["function"] == "sglang.srt.mem_cache.memory_pool:MLATokenToKVPool.set_kv_buffer", finding
+    # each fault fails the cells whose path it is on, and only those
+    for scenario in ("decode-drops-first-token:v2lite-decode", "decode-drops-first-token:llama-decode-dcp4",
+                     "extend-drops-last-prefix-token:v2lite-tree", "merge-ignores-lse:llama-decode-dcp4"):
+        assert status[scenario] == "failed" and not rows[scenario]["finding"], rows[scenario]
+        assert rows[scenario]["message"].startswith("out: "), rows[scenario]
+    assert status["extend-drops-last-prefix-token:v2lite-decode"] == "verified"
+    assert status["merge-ignores-lse:v2lite-decode"] == "verified"
+
+
+def test_merge_fault_reaches_distributed_ranks():
+    """With --mla-dcp-mode=distributed each rank is its own process running SGLang's own gloo group."""
+    rows = drive(".venv-sglang", "none:llama-decode-dcp4", "merge-ignores-lse:llama-decode-dcp4",
+                 dcp_mode="distributed")
+    assert rows["none:llama-decode-dcp4"]["status"] == "verified", rows
+    assert rows["merge-ignores-lse:llama-decode-dcp4"]["status"] == "failed", rows
+
+
+def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
+    """Through pytest: triton cells verified or xfail with the finding; GPU backends not-run with their needs."""
+    python = venv_python(".venv-sglang")
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=deepseek-v2-lite",
+                        "--mla-select=backend=triton,fa3,flashmla", "--mla-select=arch=sm90",
+                        "--mla-select=kv_dtype=auto,fp8_e5m2", "--mla-select=spec=none,eagle-4x3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {c["id"]: c for c in json.loads(next(tmp_path.glob("sglang-*.json")).read_text())["cells"]}
+    for kv in ("auto", "fp8_e5m2"):
+        for spec in ("none", "eagle-4x3"):
+            ok = cells[f"deepseek-v2-lite/triton/dcp1/{spec}/sm90/{kv}"]
+            assert ok["verdict"] == "pass" and ok["kernel"]["status"] == "verified", ok
+            assert ok["kernel"]["level"] == "backend"
+            assert ok["kernel"]["function"].startswith("sglang.srt.layers.attention.triton_backend:TritonAttnBackend")
+            bug = cells[f"deepseek-v2-lite/triton/dcp4/{spec}/sm90/{kv}"]
+            assert bug["verdict"] == "xfail" and bug["kernel"]["status"] == "failed", bug
+            assert bug["kernel"]["finding"] and "backend raised" in bug["kernel"]["message"], bug
+    fallback = cells["deepseek-v2-lite/fa3/dcp1/none/sm90/fp8_e5m2"]  # SGLang resolves fa3 + fp8_e5m2 to triton
+    assert fallback["kernel"]["status"] == "verified" and fallback["kernel"]["reused"], fallback
+    for backend in ("fa3", "flashmla"):
+        gpu = cells[f"deepseek-v2-lite/{backend}/dcp1/none/sm90/auto"]
+        assert gpu["kernel"]["status"] == "not-run", gpu
+        assert gpu["kernel"]["reason"].startswith(f"SGLang's {backend} backend runs on a CUDA sm90 GPU with "), gpu
+
+
+# ---- pure: what a cell runs -----------------------------------------------------------------------
+
+
+def _cell(**coords):
+    matrix = load_matrix(MATRIX)
+    full = {"model": "deepseek-v3", "backend": "triton", "dcp": 1, "spec": "none", "arch": "sm90", "kv_dtype": "auto"}
+    full.update(coords)
+    return next(c for c in matrix.cells() if c.coords == full), matrix.models[full["model"]]
+
+
+def _spec(cell, model, **kw):
+    args = dict(decode_backend="triton", page_size=1, kv_cache_dtype=cell.coords["kv_dtype"], tp=max(cell.dcp, 1),
+                num_heads=model.num_heads // max(cell.dcp, 1), num_kv_heads=1, host_arch=None)
+    args.update(kw)
+    return kernel_for(cell, model, **args)
+
+
+def test_triton_cells_of_every_arch_and_the_fa3_fallback_share_one_check():
+    specs = {_spec(*_cell(arch=arch, kv_dtype="fp8_e5m2"))[0] for arch in ("sm80", "sm90", "sm100")}
+    fa3, _ = _spec(*_cell(backend="fa3", kv_dtype="fp8_e5m2"))
+    assert len(specs) == 1 and fa3 in specs
+    spec = specs.pop()
+    assert spec.protocol == "engine" and spec.level == "backend" and spec.package == "sglang"
+    assert spec.fp8_dots and not spec.returns_lse
+
+
+def test_dcp_case_holds_the_heads_of_the_whole_group():
+    cell, model = _cell(dcp=4, spec="eagle-1x3")
+    spec, _ = _spec(cell, model)
+    case = dict(spec.case)
+    assert case["h_q"] == model.num_heads  # heads / tp per rank, all-gathered over the 4 DCP ranks
+    assert case["min_seqlen"] == 1 and case["page_size"] == 1
+    assert spec.function.endswith("TritonAttnBackend.forward_extend")
+
+
+@pytest.mark.parametrize("backend", ["fa3", "flashinfer", "flashmla", "trtllm_mla"])
+def test_gpu_backends_stay_not_run_here_with_what_they_need(backend):
+    cell, model = _cell(backend=backend, arch="sm100" if backend == "trtllm_mla" else "sm90")
+    spec, reason = _spec(cell, model, decode_backend=backend)
+    assert spec is None
+    assert reason.startswith(f"SGLang's {backend} backend runs on a CUDA {cell.arch} GPU with ")
+    assert reason.endswith("this host has no GPU")
+    spec, reason = _spec(cell, model, decode_backend=backend, host_arch="sm80")
+    assert spec is None and "this host is sm80" in reason
+
+
+def test_eagle_trees_expand_at_most_topk_nodes_per_depth():
+    import torch
+
+    from pytest_mla.kernels.inputs import gen_generator, gen_tree_mask
+
+    for topk, steps in ((2, 3), (4, 3), (3, 4)):
+        masks = gen_tree_mask(topk, steps, gen_generator(topk * 7 + steps), batch=64)
+        for mask in masks:
+            depth = mask.sum(-1) - 1
+            parent = [max((a for a in range(u) if mask[u, a]), key=lambda a: int(depth[a]), default=-1)
+                      for u in range(mask.shape[0])]
+            for d in range(steps):
+                expanding = {p for u, p in enumerate(parent) if p >= 0 and int(depth[p]) == d}
+                assert len(expanding) <= topk
+            assert int(depth.max()) <= steps and torch.equal(mask.diagonal(), torch.ones(mask.shape[0], dtype=torch.bool))
+
+
+def test_min_seqlen_override_keeps_requests_non_empty():
+    from pytest_mla.kernels import harness
+
+    cell, model = _cell()
+    plain = harness.case_for(cell.coords, model, seed=0)
+    engine = harness.case_for(cell.coords, model, seed=0, overrides={"min_seqlen": 1})
+    assert 0 in plain.seqlens and min(engine.seqlens) == 1
+    assert len(engine.seqlens) == len(plain.seqlens) and engine.seed != plain.seed
