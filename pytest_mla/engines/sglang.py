@@ -1,89 +1,124 @@
-"""The real SGLang engine: its own argument resolution and attention-backend factories.
+"""The real SGLang engine: its argument resolution, backend factories, constructors and draft worker.
 
-For a cell the adapter builds SGLang's real server arguments (the same argv
-``sglang serve`` parses; for a backend name outside the parser's ``choices``,
-which argparse would reject with ``SystemExit`` before SGLang checks anything,
-``ServerArgs(**kwargs)`` as SGLang's programmatic ``Engine(**kwargs)`` builds
-it, so the model runner's registry lookup answers for the name), resolves them with SGLang's resolution pipeline
-(``ServerArgs.resolve_once``: the ``arg_groups`` hooks that refuse
-arch / KV-dtype / page-size combinations and rewrite some settings), publishes
-them as the scheduler process does, and runs the model runner's backend
-builder (``_build_resolved_backend``: decode before prefill, a hybrid wrapper
-when they differ) through SGLang's ``ATTENTION_BACKENDS`` factories. Whatever
-SGLang raises propagates unchanged; an accepted cell reports the backend
-classes the factories would have built.
+For a cell the adapter does what ``sglang serve`` does before it serves, in
+the same order, with SGLang's own code:
 
-How it runs on a CPU-only machine (see docs/engines.md):
+1. **Server arguments**: the argv ``sglang serve`` parses (for a backend name
+   outside the parser's ``choices``, which argparse would reject with
+   ``SystemExit`` before SGLang checks anything, ``ServerArgs(**kwargs)`` as
+   SGLang's programmatic ``Engine(**kwargs)`` builds it), resolved by
+   ``ServerArgs.resolve_once`` (the ``arg_groups`` hooks) and published as the
+   scheduler process publishes them.
+2. **Draft model config** (speculative cells): the draft ``TpModelWorker``'s
+   own ``_init_model_config`` (the model's weightless config is its own draft).
+3. **Target backends**: the model runner's builder
+   (``resolve_attention_backend_strs`` + ``_build_resolved_backend``: decode
+   before prefill, a hybrid wrapper when they differ) through SGLang's
+   ``ATTENTION_BACKENDS`` factories, **and the backend classes' constructors**.
+4. **Draft backends** (speculative cells): the draft runner's own builder,
+   then the EAGLE draft worker's ``init_attention_backend``
+   (``DraftBackendFactory.create_decode_backend`` when
+   ``speculative_num_steps > 1``, then ``create_draft_extend_backend``).
+
+Constructors run until their first step that needs a GPU
+(``_gpu_steps.stop_at_gpu_steps``: an allocation on CUDA, a CUDA stream, a
+KV pool or the loaded model, a kernel library that is not installed here).
+There a constructor stops: the object it was building is kept as far as it
+got, the rest of the start-up goes on, and the cell carries a note saying
+where each constructor stopped. A refusal raised before that point is the
+engine's refusal; an error that only says CUDA is absent is such a stop,
+never a refusal. Anything the adapter itself cannot do on the installed
+release (an import that moved, a platform fact it cannot derive, a
+model-runner attribute its stand-in lacks) raises ``AdapterError`` (verdict
+``error``), never an error that would read as the engine's refusal.
+
+How it runs on a CPU-only machine (see docs/engines.md, SGLang):
 
 * **The GPU arch is faked with SGLang's own switch**,
-  ``sglang.srt.runtime_context.override_platform(...)``: every platform fact
-  (``is_cuda``, ``is_sm90``, ``is_sm100``, ``is_blackwell``, ``device_sm``,
-  ``device_capability``, ...) is set from the cell's arch for the duration of
-  one cell. ``has_flashinfer`` is set true (a GPU host with the kernel
-  libraries installed). The ``fa3`` factory calls ``get_device_capability()``
-  directly (imported into ``attention_registry``), so that name is patched to
-  the cell's capability as well.
-* **No backend is constructed.** While the factories run, the modules they
-  import their backend classes from (read from the factories' own source)
-  are swapped for probe modules: ``SomeBackend(runner)`` records
-  ``"SomeBackend"`` instead of allocating GPU workspaces. Every check a
-  factory makes *before* it constructs still runs; checks inside a backend's
-  ``__init__`` are out of reach (they need a GPU model runner).
-  ``torch.cuda.Stream()`` (created by the ``flashinfer`` factory under EAGLE,
-  after its checks) is likewise replaced by a placeholder for the factory
-  call, so ``RuntimeError: torch.cuda.Stream requires CUDA support`` -- a
-  machine artifact -- never reaches a verdict; the cell carries a note.
-* **Import stubs**: ``torchvision`` (a CUDA-linked wheel that transformers and
-  SGLang's multimodal configs import for names only) is an inert stub, listed
-  in ``metadata()["stubs"]``.
+  ``sglang.srt.runtime_context.override_platform(...)``, with every platform
+  fact the installed release knows (read from the release, not assumed), and
+  ``get_device_capability()`` answers the cell's arch wherever SGLang bound it.
+* **Import stubs**: ``torchvision`` (imported for names only) for the whole
+  run; uninstalled kernel libraries (``KERNEL_LIBRARIES``) only while
+  constructors run, every name in them a GPU step when used.
 * **Models** are weightless ``config.json`` files shipped in
   ``pytest_mla/engines/model_configs/<model>/`` (no quantization config).
-
-``tp`` defaults to the cell's DCP size (DCP shards inside a TP group) when the
-matrix has no ``tp`` axis. Speculative cells pass ``--speculative-algorithm
-EAGLE`` with topk, steps and ``num_draft_tokens`` from the spec setting; the
-draft model path is the model's own config.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import dataclasses
+import functools
+import importlib
 import importlib.metadata
 import importlib.util
 import inspect
+import io
 import logging
 import os
-import re
 import sys
+import textwrap
 import types
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..core.cells import Cell, arch_number
 from ..core.models import ModelConfig
 from ..core.spec import parse_spec
 from . import _quiet
-from .protocol import Configured
+from ._gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
+from ._gpu_steps import stop_at_gpu_steps
+from .protocol import AdapterError, Configured
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
     raise ImportError("sglang is not installed in this environment", name="sglang")
 
+ENGINE = "sglang"
+
 #: Weightless model configs, one folder per catalogue model.
 MODEL_CONFIGS = Path(__file__).with_name("model_configs")
 
-#: CUDA-linked modules replaced by import stubs (imported for names only).
-STUBS = {"torchvision": {"torchvision": {"__version__": "0.28.0"}}}
+#: Modules replaced by import stubs for the whole run when not installed (imported for names
+#: only): ``torchvision`` (a CUDA-linked wheel transformers and SGLang's multimodal configs
+#: import) and ``setproctitle`` (a C extension the worker modules import to name processes).
+STUBS = {"torchvision": {"torchvision": {"__version__": "0.28.0"}}, "setproctitle": {}}
 
-_FACTORY_IMPORT = re.compile(r"from\s+(sglang\.srt\.[\w.]+)\s+import")
-_HYBRID_MODULE = "sglang.srt.layers.attention.hybrid_attn_backend"
+#: Kernel libraries (compiled CUDA extensions): one that is not installed here and that code
+#: being constructed imports is a GPU step ("kernel library X is not installed here").
+KERNEL_LIBRARIES = ("sgl_kernel", "flashinfer", "flash_mla", "flash_attn", "flash_attn_interface", "deep_gemm",
+                    "cutlass", "cuda", "tokenspeed_mla", "tilelang", "quack", "humming", "aiter", "trtllm")
 
-#: Note recorded when the flashinfer factory's CUDA stream was not created.
-STREAM_NOTE = "torch.cuda.Stream() not created (no GPU here): the factory's checks had all passed"
+#: The kernel libraries backend modules import unguarded at their top (``from sgl_kernel import
+#: merge_state_v2``): while constructors run, those not installed here are stubs whose every name
+#: is a GPU step when used, so that the module imports and its constructors' checks run. The
+#: others are imported behind availability checks that already answer "absent" here.
+STUBBED_KERNEL_LIBRARIES = ("sgl_kernel", "flash_mla", "tokenspeed_mla")
+
+#: SGLang's JIT kernel loader: entering it compiles CUDA code for the device, a GPU step.
+JIT_LOADERS = (("sglang.kernels.jit.utils.compile.loader", "load_jit"),)
+
+#: What the kernel-execution side says by default (sglang_backend.py replaces ``kernel_for``).
+
+#: The catalogue model whose config decides ``registered_backends`` (an MLA model).
+MLA_PROBE_MODEL = "deepseek-v3"
+
+_BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+_SPEC_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn": "NEXTN"}
+
+#: Objects of a model runner that exist only once weights are loaded and KV pools allocated on a GPU.
+_GPU_ONLY_RUNNER_FIELDS = ("model", "req_to_token_pool", "token_to_kv_pool", "token_to_kv_pool_allocator",
+                           "kv_index_translator", "max_total_num_tokens", "max_running_requests")
 
 
 def platform_facts(arch: str) -> dict[str, Any]:
-    """SGLang's platform facts for an NVIDIA arch such as ``sm90``, as its probes would answer."""
+    """Every SGLang platform fact the adapter can derive for an NVIDIA arch such as ``sm90``.
+
+    A release may know fewer (0.5.20/0.5.21 have no ``is_mps``/``is_sm110``):
+    the engine passes only those the installed release knows.
+    """
     sm = arch_number(arch)
     if sm is None:
         raise ValueError(f"sglang adapter: only NVIDIA archs (smNN) can be faked, got {arch!r}")
@@ -120,14 +155,13 @@ def server_kwargs(cell: Cell, model: ModelConfig, model_path: str) -> dict[str, 
         kwargs["attention_backend"] = cell.backend
     kwargs.update(tp_size=tp, dcp_size=cell.dcp)
     if spec.enabled:
-        algorithm = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn": "NEXTN"}[spec.algorithm or ""]
         kwargs.update(
-            speculative_algorithm=algorithm,
+            speculative_algorithm=_SPEC_ALGORITHMS[spec.algorithm or ""],
             speculative_eagle_topk=spec.topk,
             speculative_num_steps=spec.steps,
             speculative_num_draft_tokens=spec.num_draft_tokens,
         )
-        if not model.mla:  # DeepSeek-style models draft with their own MTP layer
+        if not model.mla:  # DeepSeek-style models draft with their own MTP layer (same checkpoint)
             kwargs["speculative_draft_model_path"] = model_path
     if cell.kv_dtype is not None:
         kwargs["kv_cache_dtype"] = cell.kv_dtype
@@ -146,58 +180,126 @@ def server_argv(cell: Cell, model: ModelConfig, model_path: str) -> list[str]:
     return argv_of(server_kwargs(cell, model, model_path))
 
 
-#: The argparse options whose ``choices`` decide whether a cell goes through argv.
-_BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+@dataclasses.dataclass
+class Resolution:
+    """A cell's configuration as SGLang resolved it (valid while that cell's config is published).
+
+    ``runner`` is the target model runner as the backend builder sees it (a
+    ``ModelRunner`` whose GPU-only members are :class:`GpuResource`\\ s).
+    """
+
+    cell: Cell
+    server_args: Any  # the resolved ``ServerArgs``
+    model_config: Any  # SGLang's ``ModelConfig`` of the target
+    runner: Any
+    prefill_backend: str  # resolved backend names the runner builds
+    decode_backend: str
+    page_size: int
+    kv_cache_dtype: Any  # the torch dtype of the KV cache
+    use_mla_backend: bool
+    facts: Mapping[str, Any]  # the platform facts set for the cell's arch
+    notes: list[str] = dataclasses.field(default_factory=list)  # rewrites resolution made
 
 
-class _Built:
-    """What a probed backend constructor returns: the class name it would have built."""
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """Where a piece of start-up code stopped at its first GPU step."""
 
-    def __init__(self, name: str, kwargs: Mapping[str, Any]) -> None:
-        self.name = name
-        self.kwargs = dict(kwargs)
+    phase: str  # "target", "draft runner", "draft worker"
+    unit: str  # "FlashInferMLAAttnBackend.__init__", or the phase's own function
+    step: str  # "torch.empty(device='cuda')"
+    where: str  # "flashinfer_mla_backend.py:256"
 
-    def __repr__(self) -> str:
-        return f"<not constructed: {self.name}>"
-
-
-def _probe_class(name: str) -> type:
-    def construct(cls: type, *args: Any, **kwargs: Any) -> _Built:
-        return _Built(name, kwargs)
-
-    return type(name, (), {"__new__": construct})
+    def note(self) -> str:
+        return f"[{self.phase}] {self.unit} stopped at {self.step} ({self.where}) after its checks"
 
 
-class _ProbeModule(types.ModuleType):
-    """Stands in for a backend module while a factory runs: its classes record, never build."""
-
-    def __init__(self, name: str, real: types.ModuleType | None) -> None:
-        super().__init__(name)
-        self._real = real
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        real = self._real
-        value = getattr(real, attr, None) if real is not None else None
-        if value is None or inspect.isclass(value):
-            return _probe_class(attr)
-        return value  # helper functions and constants of a loaded module stay real
+class _RunnerAttributeError(AttributeError):
+    """SGLang read a model-runner attribute the adapter's stand-in does not have."""
 
 
-class _StreamPlaceholder:
-    created: list[str]
+# ---- finding SGLang's pieces in the installed release ------------------------------------------
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _StreamPlaceholder.created.append("stream")
+def _find(step: str, version: str, candidates: tuple[tuple[str, str], ...]) -> Any:
+    """The first ``module.attr`` of ``candidates`` that exists; ``AdapterError`` naming all tried."""
+    tried = []
+    for module_name, attr in candidates:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            tried.append(f"{module_name}.{attr} ({type(exc).__name__}: {exc})")
+            continue
+        value = module
+        for part in attr.split("."):
+            value = getattr(value, part, None)
+            if value is None:
+                break
+        if value is not None:
+            return value
+        tried.append(f"{module_name}.{attr} (absent)")
+    raise AdapterError(step, f"cannot find {' or '.join(tried)}", engine=ENGINE, version=version)
+
+
+class _SGLang:
+    """SGLang's own functions and classes the adapter drives, found in the installed release."""
+
+    def __init__(self, version: str) -> None:
+        def find(step: str, *candidates: tuple[str, str]) -> Any:
+            return _find(step, version, candidates)
+
+        srt = "sglang.srt"
+        find("import", (f"{srt}.runtime_context", "override_platform"))
+        self.rc = importlib.import_module(f"{srt}.runtime_context")
+        self.server_args_cls = find("import", (f"{srt}.server_args", "ServerArgs"))
+        self.prepare_server_args = find("import", (f"{srt}.server_args", "prepare_server_args"))
+        self.overrides = importlib.import_module(f"{srt}.arg_groups.overrides")
+        self.model_config_of = find("import", (f"{srt}.arg_groups.overrides", "model_config_of"),
+                                    (f"{srt}.arg_groups.model_override_base", "model_config_of"))
+        self.resolution_result = find("import", (f"{srt}.arg_groups.overrides", "resolution_result"))
+        self.mla_arch = find("import", (f"{srt}.configs.model_config", "AttentionArch.MLA"))
+        self.registry = importlib.import_module(f"{srt}.layers.attention.attention_registry")
+        self.backends = find("import", (f"{srt}.layers.attention.attention_registry", "ATTENTION_BACKENDS"))
+        setup = f"{srt}.model_executor.model_runner_components.attention_backend_setup"
+        self.resolve_strs = find("import", (setup, "resolve_attention_backend_strs"))
+        self.build_resolved = find("import", (setup, "_build_resolved_backend"))
+        self.model_runner_cls = find("import", (f"{srt}.model_executor.model_runner", "ModelRunner"))
+        self.resolve_draft_backend = find("import", (f"{srt}.model_executor.model_runner",
+                                                     "resolve_draft_attention_backend"))
+        self.sliding_window = find("import", (f"{srt}.model_executor.model_runner_components.load_model_utils",
+                                              "resolve_sliding_window_size"))
+        self.tp_worker_cls = find("import", (f"{srt}.managers.tp_worker", "TpModelWorker"))
+        self.spec_algorithm = find("import", (f"{srt}.speculative.spec_info", "SpeculativeAlgorithm"))
+        self.draft_factory = find("import", (f"{srt}.speculative.draft_utils", "DraftBackendFactory"))
+        self.utils_common = importlib.import_module(f"{srt}.utils.common")
+        self.package_dir = os.path.dirname(os.path.abspath(importlib.import_module("sglang").__file__ or ""))
+
+
+def _known_platform_facts(rc: Any) -> set[str] | None:
+    """The platform facts the installed ``override_platform`` accepts (its own tables), or None if unreadable."""
+    probes = getattr(rc, "_PLATFORM_PROBES", None)
+    values = getattr(rc, "_PLATFORM_VALUES", None)
+    if isinstance(probes, Mapping) and isinstance(values, Mapping):
+        return set(probes) | set(values)
+    return None
+
+
+def _accepts_fact(rc: Any, name: str, value: Any) -> bool:
+    """Whether ``override_platform`` accepts one fact (SGLang raises ``ValueError: unknown platform fact(s)``)."""
+    try:
+        with rc.override_platform(**{name: value}):
+            return True
+    except ValueError as exc:
+        if "unknown platform fact" in str(exc):
+            return False
+        raise
 
 
 class SGLangEngine:
     """Adapter for an installed ``sglang`` (``[engine] name = "sglang"``)."""
 
-    name = "sglang"
-    #: SGLang refuses with ``ValueError`` (factories, resolution hooks) and ``AssertionError``
-    #: (``assert`` checks in fa3/triton factories and the CuteDSL prefill check).
+    name = ENGINE
+    #: SGLang refuses with ``ValueError`` (factories, resolution hooks, constructors) and
+    #: ``AssertionError`` (``assert`` checks in fa3/triton factories and the CuteDSL prefill check).
     refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError)
 
     def __init__(self) -> None:
@@ -206,69 +308,200 @@ class SGLangEngine:
 
         # SGLang's modules decorate @triton.jit kernels on import: decide the mode first.
         self._kernel_target = ensure_triton_mode()
-
+        self.version = importlib.metadata.version("sglang")
         self.stubs: list[str] = []
         for root, attrs in STUBS.items():
             self.stubs += install_stubs([root], attrs)
         logging.getLogger("sglang").setLevel(logging.ERROR)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from sglang.srt import runtime_context
-            from sglang.srt.arg_groups import overrides
-            from sglang.srt.configs.model_config import AttentionArch
-            from sglang.srt.layers.attention import attention_registry
-            from sglang.srt.mem_cache import kv_cache_dtype
-            from sglang.srt.model_executor.model_runner_components import attention_backend_setup
-            from sglang.srt.server_args import ServerArgs, prepare_server_args
-        self._rc = runtime_context
-        self._overrides = overrides
-        self._mla_arch = AttentionArch.MLA
-        self._registry = attention_registry
-        self._kv_cache_dtype = kv_cache_dtype
-        self._setup = attention_backend_setup
-        self._prepare = prepare_server_args
-        self._server_args_cls = ServerArgs
-        self._cli_choices = _cli_choices(ServerArgs)
-        self.version = importlib.metadata.version("sglang")
-        self._probe_modules = self._factory_modules()
+        self._broken: AdapterError | None = None
+        self._registered: dict[str, bool] | None = None
+        self._capability: tuple[int, int] | None = None
+        self._class_modules: set[str] | None = None
+        self._kernel_stubs_made: set[str] = set()
+        self._runner_misses: set[str] = set()
+        self._import_failures: dict[str, str] = {}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._sg = _SGLang(self.version)
+            self._facts = self._platform_fact_names()
+            self._cli_choices = _cli_choices(self._sg.server_args_cls)
+            self._install_capability()
+        except AdapterError as exc:  # every cell reports it, naming the step (never a refusal)
+            self._broken = exc
 
     # -- Engine protocol -------------------------------------------------------------
     def configure(self, cell: Cell, model: ModelConfig) -> Configured:
+        if self._broken is not None:
+            raise self._broken
+        with self.cell_context(cell):
+            resolution = self._resolve(cell, model)
+            try:
+                draft_config = self._draft_model_config(resolution) if self._is_spec(resolution) else None
+                target, stops = self._construct_target(resolution)
+                draft: dict[str, str] = {}
+                if draft_config is not None:
+                    draft, draft_stops = self._construct_draft(resolution, draft_config)
+                    stops += draft_stops
+            except GpuStep as step:  # outside any construction phase: the adapter let one through
+                raise AdapterError("construct", f"a GPU step escaped the construction phases: {step.what}",
+                                   engine=ENGINE, version=self.version) from None
+            except _RunnerAttributeError as exc:
+                raise AdapterError("construct", str(exc), engine=ENGINE, version=self.version) from None
+        notes = resolution.notes + list(dict.fromkeys(stop.note() for stop in stops))
+        kernel, kernel_reason = self.kernel_for(cell, model, resolution)
+        return Configured(backends={**target, **draft}, kernel=kernel, kernel_reason=kernel_reason,
+                          notes=tuple(notes))
+
+    def kernel_for(self, cell: Cell, model: ModelConfig, resolution: Resolution) -> tuple[Any, str | None]:
+        """The decode kernel to check for an accepted cell (``KernelSpec`` or None, and why not)."""
+        from .sglang_backend import kernel_from
+
+        facts = types.SimpleNamespace(kv_cache_dtype=resolution.kv_cache_dtype, model_config=resolution.model_config,
+                                      decode_attention_backend_str=resolution.decode_backend,
+                                      page_size=resolution.page_size)
+        return kernel_from(cell, model, resolution.server_args, facts, self._kernel_target)
+
+    def metadata(self) -> Mapping[str, Any]:
+        data: dict[str, Any] = {
+            "engine": ENGINE,
+            "version": self.version,
+            "stubs": list(self.stubs),
+            "faked": "runtime_context.override_platform + get_device_capability",
+            "constructors": "run until their first GPU step (see docs/engines.md)",
+            "kernel_library_stubs": sorted(self._kernel_stubs_made),
+        }
+        if self._broken is None:
+            data["platform_facts"] = sorted(self._facts)
+        if self._runner_misses:
+            data["runner_attributes_probed_absent"] = sorted(self._runner_misses)
+        return data
+
+    def registered_backends(self) -> dict[str, bool]:
+        """Every name in SGLang's attention-backend registry, mapped to whether it can serve MLA models.
+
+        Decided by SGLang's own code: each registered factory is called, as the
+        model runner calls it, for DeepSeek-V3 (an MLA model) on sm80, sm90
+        and sm100, its constructor running to its first GPU step. A backend is
+        MLA-capable when on at least one arch the factory and constructor do
+        not refuse the MLA model with a ``ValueError``/``AssertionError``
+        (e.g. ``trtllm_mha``: "can only be used with non-MLA models" on every
+        arch → False; ``fa3`` refuses MLA on sm80/sm100 but not on sm90 →
+        True). A factory that fails for another reason (a module of another
+        platform that cannot import here) does not refuse the model: True.
+        """
+        if self._broken is not None:
+            raise self._broken
+        if self._registered is None:
+            self._registered = {name: self._serves_mla(name) for name in sorted(self._sg.backends)}
+        return dict(self._registered)
+
+    # -- the cell's platform --------------------------------------------------------------
+    def _platform_fact_names(self) -> set[str]:
+        """The facts to set: every one the release knows; AdapterError for one the adapter cannot derive."""
+        rc = self._sg.rc
+        derivable = platform_facts("sm90")
+        known = _known_platform_facts(rc)
+        if known is None:  # no tables to read: ask override_platform about each fact it might take
+            return {name for name, value in derivable.items() if _accepts_fact(rc, name, value)}
+        unknown = sorted(known - set(derivable))
+        if unknown:
+            raise AdapterError("platform", f"SGLang knows platform fact(s) {unknown} that the adapter cannot "
+                               "derive from a GPU arch", engine=ENGINE, version=self.version)
+        return known
+
+    def facts(self, arch: str) -> dict[str, Any]:
+        """The platform facts of ``arch`` that the installed release knows."""
+        return {k: v for k, v in platform_facts(arch).items() if k in self._facts}
+
+    def _install_capability(self) -> None:
+        """``get_device_capability()`` answers the active cell's arch wherever SGLang bound it.
+
+        SGLang's own probe (``utils.common.get_device_capability``) is replaced
+        once by a dispatcher that answers the cell's capability while a cell
+        runs and calls the real probe otherwise; every loaded ``sglang`` module
+        that imported the probe by name gets the dispatcher, and modules
+        imported later bind it from ``sglang.srt.utils``.
+        """
+        common = self._sg.utils_common
+        real = getattr(common, "get_device_capability", None)
+        if real is None:
+            raise AdapterError("platform", "sglang.srt.utils.common.get_device_capability not found",
+                               engine=ENGINE, version=self.version)
+        real = getattr(real, "__mla_real__", real)
+
+        @functools.wraps(real)
+        def get_device_capability(device_id: int = 0) -> Any:
+            if self._capability is not None:
+                return self._capability
+            return real(device_id)
+
+        get_device_capability.__mla_real__ = real  # type: ignore[attr-defined]
+        self._dispatch = get_device_capability
+        self._real_capability = real
+        self._rebind_capability()
+
+    def _rebind_capability(self) -> None:
+        for name, module in list(sys.modules.items()):
+            if (name == "sglang" or name.startswith("sglang.")) and module is not None:
+                if getattr(module, "get_device_capability", None) is self._real_capability:
+                    module.get_device_capability = self._dispatch  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def cell_context(self, cell: Cell) -> Iterator[dict[str, Any]]:
+        """The cell's arch for everything SGLang asks while inside (platform facts, device capability)."""
+        import torch
+
+        facts = self.facts(cell.arch)
+        capability = platform_facts(cell.arch)["device_capability"]
+        torch_capability = torch.cuda.get_device_capability
+        self._rebind_capability()
+        with _quiet.quiet(), self._sg.rc.override_platform(**facts):
+            self._capability = capability
+            torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
+            try:
+                yield facts
+            finally:
+                self._capability = None
+                torch.cuda.get_device_capability = torch_capability  # type: ignore[assignment]
+
+    # -- 1. server arguments and resolution ----------------------------------------------------
+    def resolution(self, cell: Cell, model: ModelConfig) -> Resolution:
+        """Resolve a cell's arguments as SGLang does and publish them (for the kernel side).
+
+        Runs inside the cell's platform context; the returned record stays
+        valid until the next cell is resolved.
+        """
+        if self._broken is not None:
+            raise self._broken
+        with self.cell_context(cell):
+            return self._resolve(cell, model)
+
+    def _resolve(self, cell: Cell, model: ModelConfig) -> Resolution:
         path = MODEL_CONFIGS / cell.model
         if not (path / "config.json").is_file():
             raise LookupError(f"sglang adapter: no weightless config.json for model {cell.model!r} under {MODEL_CONFIGS}")
+        sg = self._sg
         kwargs = server_kwargs(cell, model, os.fspath(path))
-        facts = platform_facts(cell.arch)
-        with _quiet.quiet(), self._rc.override_platform(**facts), self._capability(facts["device_capability"]):
-            server_args = self._server_args(kwargs)
-            server_args.resolve_once()  # SGLang's resolution pipeline: raises its own errors
-            self._rc.publish(server_args, role="test")
-            runner = self._runner(server_args)
-            built, notes = self._build(runner)
-        resolved = self._overrides.resolution_result
+        server_args = self._server_args(kwargs)
+        server_args.resolve_once()  # SGLang's resolution pipeline: raises its own errors
+        sg.rc.publish(server_args, role="test")
+        runner = self._runner(server_args, sg.model_config_of(server_args), draft=False)
+        notes = []
         for field, label in (("page_size", "page size"), ("kv_cache_dtype", "kv-cache-dtype"),
                              ("attention_backend", "attention backend")):
             if field == "attention_backend" and "+" in cell.backend:
                 continue
             asked = _asked(cell, field)
-            got = resolved(server_args, field)
+            got = sg.resolution_result(server_args, field)
             if asked is not None and str(got) != str(asked):
                 notes.append(f"{label} {asked} resolved to {got}")
-        from .sglang_backend import kernel_from
+        prefill, decode = sg.rc.attention_backends()
+        return Resolution(cell=cell, server_args=server_args, model_config=runner.model_config, runner=runner,
+                          prefill_backend=prefill, decode_backend=decode, page_size=runner.page_size,
+                          kv_cache_dtype=runner.kv_cache_dtype, use_mla_backend=runner.use_mla_backend,
+                          facts=self.facts(cell.arch), notes=notes)
 
-        kernel, kernel_reason = kernel_from(cell, model, server_args, runner, self._kernel_target)
-        return Configured(backends=built, kernel=kernel, kernel_reason=kernel_reason, notes=tuple(notes))
-
-    def metadata(self) -> Mapping[str, Any]:
-        return {
-            "engine": "sglang",
-            "version": self.version,
-            "stubs": list(self.stubs),
-            "faked": "runtime_context.override_platform + attention_registry.get_device_capability",
-            "not_constructed": sorted(self._probe_modules),
-        }
-
-    # -- pieces ------------------------------------------------------------------------
     def _server_args(self, kwargs: Mapping[str, Any]) -> Any:
         """``ServerArgs`` as ``sglang serve`` builds them, or as ``Engine(**kwargs)`` does.
 
@@ -279,90 +512,430 @@ class SGLangEngine:
         engine's own registry lookup then answers for the name.
         """
         if all(kwargs.get(f) is None or kwargs[f] in self._cli_choices.get(f, (kwargs[f],)) for f in _BACKEND_OPTIONS):
-            return self._prepare(argv_of(kwargs))  # `sglang serve ...`
-        return self._server_args_cls(**{"log_level": "error", **kwargs})
+            return self._sg.prepare_server_args(argv_of(kwargs))  # `sglang serve ...`
+        return self._sg.server_args_cls(**{"log_level": "error", **kwargs})
 
-    def _factory_modules(self) -> set[str]:
-        """Modules SGLang's factories import backend classes from (read from their source)."""
-        modules = {_HYBRID_MODULE}
-        for factory in set(self._registry.ATTENTION_BACKENDS.values()):
-            try:
-                source = inspect.getsource(factory)
-            except (OSError, TypeError):
-                continue
-            modules.update(m.group(1) for m in _FACTORY_IMPORT.finditer(source))
-        return modules
+    @staticmethod
+    def _is_spec(resolution: Resolution) -> bool:
+        return parse_spec(resolution.cell.spec).enabled
 
-    def _runner(self, server_args: Any) -> Any:
-        """The attributes of a model runner that the backend builder and factories read."""
-        model_config = self._overrides.model_config_of(server_args)
-        prefill, decode = self._rc.attention_backends()
-        _, kv_dtype = self._kv_cache_dtype.configure_kv_cache_dtype(
-            server_args_kv_cache_dtype=self._rc.get_model().kv_cache_dtype,
-            model=None,
-            model_dtype=__import__("torch").bfloat16,
-            is_draft_worker=False,
-            is_dflash=False,
-            speculative_draft_attention_backend=None,
-            speculative_draft_kv_cache_dtype=self._rc.get_spec().speculative_draft_kv_cache_dtype,
-        )
-        return types.SimpleNamespace(
-            server_args=server_args,
+    # -- the model runner the builders see ------------------------------------------------------
+    def _runner(self, server_args: Any, model_config: Any, *, draft: bool) -> Any:
+        """A ``ModelRunner`` as it stands when ``init_attention_backends`` runs, without a GPU.
+
+        SGLang's ``ModelRunner.__init__`` loads weights and allocates KV pools
+        on the GPU, so it is not run. The stand-in is an instance of SGLang's
+        own ``ModelRunner`` class (its methods and properties are SGLang's) with
+        the fields ``__init__``/``load_model``/``alloc_memory_pool`` set from the
+        published configuration, computed by SGLang's functions where they need
+        no GPU (draft backend, sliding window, KV dtype via the runner's own
+        ``configure_kv_cache_dtype``). Weights, KV pools, the index translator
+        and the memory-derived sizes are :class:`GpuResource`\\ s.
+        """
+        sg = self._sg
+        rc = sg.rc
+        spec = rc.get_spec()
+        runner = _stand_in(sg.model_runner_cls, self._runner_misses)(
             model_config=model_config,
-            use_mla_backend=model_config.attention_arch == self._mla_arch,
-            kv_cache_dtype=kv_dtype,
-            prefill_attention_backend_str=prefill,
-            decode_attention_backend_str=decode,
-            is_draft_worker=False,
-            draft_attention_backend=None,
+            server_args=server_args,
+            is_draft_worker=draft,
+            gpu_id=0,
+            device=rc.get_device().device,
+            draft_attention_backend=sg.resolve_draft_backend(draft_attention_backend=None, is_draft_worker=draft),
+            spec_algorithm=sg.spec_algorithm.from_string(spec.speculative_algorithm),
+            page_size=rc.get_schedule().page_size,
+            is_generation=model_config.is_generation,
+            is_multimodal=model_config.is_multimodal,
+            is_hybrid_swa=getattr(model_config, "is_hybrid_swa", False),
+            use_mla_backend=model_config.attention_arch == sg.mla_arch,
+            attention_chunk_size=getattr(model_config, "attention_chunk_size", None),
             init_new_workspace=False,
-            device="cuda",
-            page_size=self._rc.get_schedule().page_size,
+            dtype=model_config.dtype,
+            # load_model: `resolve_sliding_window_size(model, ...)`; none of the catalogue's
+            # model classes defines get_attention_sliding_window_size, so the config decides.
+            sliding_window_size=sg.sliding_window(None, model_config),
+            prefill_aware_swa=False,
+            model=None,  # unquantized weightless configs: configure_kv_cache_dtype reads no quant_config
         )
+        runner.configure_kv_cache_dtype()  # SGLang's ModelRunner method, this runner's own KV dtype
+        for field in _GPU_ONLY_RUNNER_FIELDS:
+            runner.__dict__[field] = GpuResource(f"model_runner.{field}")
+        return runner
 
-    def _build(self, runner: Any) -> tuple[dict[str, str], list[str]]:
-        """Run SGLang's backend builder with probe modules; map roles to backend classes."""
-        resolved = self._setup.ResolvedAttentionBackendStr(
-            prefill=runner.prefill_attention_backend_str, decode=runner.decode_attention_backend_str)
-        _StreamPlaceholder.created = []
-        with self._probes():
-            built = self._setup._build_resolved_backend(model_runner=runner, resolved=resolved,
-                                                        init_new_workspace=False)
-        notes = [STREAM_NOTE] if _StreamPlaceholder.created else []
-        if isinstance(built, _Built) and "decode_backend" in built.kwargs:
-            decode, prefill = built.kwargs["decode_backend"], built.kwargs["prefill_backend"]
-            return {"decode": _label(decode), "prefill": _label(prefill)}, notes
-        return {"decode": _label(built), "prefill": _label(built)}, notes
+    # -- 2. draft model config ------------------------------------------------------------------------
+    def _draft_model_config(self, resolution: Resolution) -> Any:
+        """The draft worker's ModelConfig, built by ``TpModelWorker._init_model_config`` as the draft worker does."""
+        init = getattr(self._sg.tp_worker_cls, "_init_model_config", None)
+        if init is None:
+            raise AdapterError("draft model config", "TpModelWorker._init_model_config not found",
+                               engine=ENGINE, version=self.version)
+        worker = types.SimpleNamespace(server_args=resolution.server_args, is_draft_worker=True,
+                                       context_length=resolution.model_config.context_len)
+        init(worker)
+        return worker.model_config
+
+    # -- 3. and 4. construction -----------------------------------------------------------------------
+    def _construct_target(self, resolution: Resolution) -> tuple[dict[str, str], list[Stop]]:
+        runner = resolution.runner
+        with self._constructing("target") as log:
+            built = log.run(lambda: self._build_runner_backend(runner), "target")
+        runner.__dict__["attn_backend"] = built
+        return _roles(built, {"decode": "decode_backend", "prefill": "prefill_backend"}, log), log.stops
+
+    def _build_runner_backend(self, runner: Any) -> Any:
+        """``ModelRunner.init_attention_backends``: resolve the pair, stamp it, build it."""
+        sg = self._sg
+        resolved = sg.resolve_strs(model_runner=runner)
+        runner.prefill_attention_backend_str = resolved.prefill
+        runner.decode_attention_backend_str = resolved.decode
+        return sg.build_resolved(model_runner=runner, resolved=resolved, init_new_workspace=False)
+
+    def _construct_draft(self, resolution: Resolution, draft_config: Any) -> tuple[dict[str, str], list[Stop]]:
+        """The EAGLE draft worker's backends: its runner's own, then ``DraftBackendFactory``'s."""
+        sg = self._sg
+        spec = sg.rc.get_spec()
+        draft_runner = self._runner(resolution.server_args, draft_config, draft=True)
+        stops: list[Stop] = []
+        with self._constructing("draft runner") as log:
+            own = log.run(lambda: self._build_runner_backend(draft_runner), "draft runner")
+        draft_runner.__dict__["attn_backend"] = own
+        stops += log.stops
+        roles = {"draft": log.label(own, "draft runner")}
+        worker = self._draft_worker(resolution, draft_runner)
+        factory = self._sg.draft_factory.__qualname__
+        with self._constructing("draft worker") as log:
+            log.run(worker.init_attention_backend, "draft worker")
+        stops += log.stops
+        if spec.speculative_num_steps > 1:
+            roles["draft_decode"] = log.label(worker.__dict__.get("draft_attn_backend"),
+                                              f"{factory}.create_decode_backend")
+        roles["draft_extend"] = log.label(worker.__dict__.get("draft_extend_attn_backend"),
+                                          f"{factory}.create_draft_extend_backend")
+        return roles, stops
+
+    def _draft_worker(self, resolution: Resolution, draft_runner: Any) -> Any:
+        """The EAGLE draft worker the server would create, with the fields its ``__init__`` sets.
+
+        The worker class is the one SGLang's own ``create_worker`` picks for
+        the resolved algorithm; its draft half (``EagleDraftWorker``) is built
+        without its ``__init__`` (which loads the draft model on the GPU).
+        """
+        sg = self._sg
+        spec = sg.rc.get_spec()
+        algorithm = sg.spec_algorithm.from_string(spec.speculative_algorithm)
+        worker_cls = algorithm.create_worker(resolution.server_args)
+        module = sys.modules.get(getattr(worker_cls, "__module__", ""))
+        draft_cls = getattr(module, "EagleDraftWorker", None)
+        if draft_cls is None or not callable(getattr(draft_cls, "init_attention_backend", None)):
+            raise AdapterError("draft worker", f"{getattr(worker_cls, '__qualname__', worker_cls)}: no EagleDraftWorker "
+                               f"with init_attention_backend in {getattr(module, '__name__', module)}",
+                               engine=ENGINE, version=self.version)
+        stand_in = type(f"StandIn{draft_cls.__name__}", (draft_cls,), {"__init__": _set_fields})
+        worker = stand_in(
+            server_args=resolution.server_args, gpu_id=0, nccl_port=0,
+            target_worker=types.SimpleNamespace(model_runner=resolution.runner),
+            device=sg.rc.get_device().device,
+            topk=spec.speculative_eagle_topk,
+            speculative_num_steps=spec.speculative_num_steps,
+            speculative_num_draft_tokens=spec.speculative_num_draft_tokens,
+            speculative_algorithm=algorithm,
+            draft_worker=types.SimpleNamespace(model_runner=draft_runner),
+            draft_runner=draft_runner,
+            seed_dsa_topk_from_draft_extend=False,
+        )
+        init_share = getattr(worker, "_init_dsa_index_share_state", None)
+        if callable(init_share):
+            init_share()  # EagleDraftWorker.__init__ does this from the draft config
+        return worker
 
     @contextlib.contextmanager
-    def _probes(self) -> Iterator[None]:
-        import torch
+    def _constructing(self, phase: str) -> Iterator["_ConstructionLog"]:
+        """Constructors run to their first GPU step; kernel libraries not installed here are stubs."""
+        log = _ConstructionLog(phase, self._sg.package_dir, self.refusal_errors)
+        with kernel_library_stubs(missing_libraries(STUBBED_KERNEL_LIBRARIES)) as made:
+            self._import_backend_modules()
+            self._rebind_capability()
+            with _rebound(JIT_LOADERS, "SGLang JIT kernel build (compiles CUDA code for the device)"), \
+                    stop_at_gpu_steps(), log.wrapping(self._backend_classes(), self._factory_methods()):
+                yield log
+        self._kernel_stubs_made.update(m.split(".", 1)[0] for m in made)
 
-        saved = {name: sys.modules.get(name) for name in self._probe_modules}
-        stream = torch.cuda.Stream
+    def _import_backend_modules(self) -> None:
+        """Import (once) the modules SGLang's factories import backend classes from, to wrap their classes.
+
+        They are imported as a server imports them, before anything is
+        constructed (outside the GPU-step guard: module-level code sees this
+        host's torch), so that every cell wraps the same classes.
+        """
+        if self._class_modules is not None:
+            return
+        modules: set[str] = set()
+        sources = [*set(self._sg.backends.values()), self._sg.draft_factory,
+                   self._sg.build_resolved]
+        for obj in sources:
+            modules |= _imported_modules(obj)
+        loaded = set()
+        for name in sorted(m for m in modules if m.startswith("sglang.srt.")):
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # other platforms' modules print on import
+                    importlib.import_module(name)
+                loaded.add(name)
+            except GpuStep as exc:
+                self._import_failures[name] = f"GpuStep: {exc.what}"
+                continue  # a module that needs a GPU to import: the factory importing it stops there
+            except Exception as exc:  # noqa: BLE001 - another platform's module (ROCm, NPU): not importable here
+                self._import_failures[name] = f"{type(exc).__name__}: {exc}"
+                continue
+        self._class_modules = loaded
+
+    def _backend_classes(self) -> list[type]:
+        classes = []
+        for name in sorted(self._class_modules or ()):
+            module = sys.modules.get(name)
+            for obj in vars(module).values() if module is not None else ():
+                if inspect.isclass(obj) and obj.__module__ == name and "__init__" in obj.__dict__:
+                    classes.append(obj)
+        return classes
+
+    def _factory_methods(self) -> list[tuple[type, str]]:
+        """``DraftBackendFactory.create_*`` (decode, draft extend): each stops on its own, as a unit."""
+        cls = self._sg.draft_factory
+        return [(cls, name) for name in sorted(vars(cls)) if name.startswith("create_") and callable(vars(cls)[name])]
+
+    def _serves_mla(self, name: str) -> bool:
+        """Whether SGLang's factory ``name`` (and its constructor's checks) accept an MLA model on some arch."""
+        from ..core.models import BUILTIN_MODELS
+
+        model = BUILTIN_MODELS[MLA_PROBE_MODEL]
+        for arch in ("sm80", "sm90", "sm100"):
+            cell = Cell(model=MLA_PROBE_MODEL, backend="triton", dcp=1, spec="none", arch=arch)
+            with self.cell_context(cell):
+                resolution = self._resolve(cell, model)
+                runner = resolution.runner
+                runner.prefill_attention_backend_str = runner.decode_attention_backend_str = name
+                try:
+                    with self._constructing("registry") as log:
+                        log.run(lambda: self._sg.backends[name](runner), "registry")
+                except self.refusal_errors:
+                    continue
+                except Exception:  # noqa: BLE001 - it failed for another reason: it did not refuse the model
+                    return True
+                return True
+        return False
+
+
+class _ConstructionLog:
+    """Wraps backend constructors for one phase and records where each stopped and what it built."""
+
+    def __init__(self, phase: str, package_dir: str, refusal_errors: tuple[type[BaseException], ...]) -> None:
+        self.phase = phase
+        self.package_dir = package_dir
+        self.refusal_errors = refusal_errors
+        self.stops: list[Stop] = []
+        self.built: dict[str, list[str]] = {}  # unit -> classes whose construction it started, outermost first
+        self._units: list[str] = []
+        self._depth = 0  # nesting of wrapped __init__ calls inside the current unit
+
+    def stop_of(self, unit: str | None, exc: BaseException) -> Stop:
+        where = engine_frame(exc.__traceback__, self.package_dir)
+        step = exc.what if isinstance(exc, GpuStep) else f"{type(exc).__name__}: {exc}"
+        return Stop(self.phase, unit or (where[0] if where else "?"), step, where[1] if where else "?")
+
+    def is_gpu_stop(self, exc: BaseException) -> bool:
+        """A GPU step, the host saying CUDA is absent (never a refusal), or a kernel library missing."""
+        if isinstance(exc, GpuStep):
+            return True
+        if isinstance(exc, (RuntimeError, *self.refusal_errors)) and cuda_absent(exc):
+            return True
+        if isinstance(exc, ModuleNotFoundError):
+            return (exc.name or "").split(".", 1)[0] in KERNEL_LIBRARIES
+        return False
+
+    def run(self, fn: Callable[[], Any], unit: str) -> Any:
+        """``fn()`` as one unit: a GPU step that reaches here stops it (recorded) and the result is None."""
+        self._units.append(unit)
+        depth, self._depth = self._depth, 0
         try:
-            for name, real in saved.items():
-                sys.modules[name] = _ProbeModule(name, real)
-            torch.cuda.Stream = _StreamPlaceholder  # type: ignore[misc,assignment]
+            return fn()
+        except BaseException as exc:
+            if not self.is_gpu_stop(exc):
+                raise
+            self.stops.append(self.stop_of(None, exc))
+            return None
+        finally:
+            self._units.pop()
+            self._depth = depth
+
+    def label(self, built: Any, unit: str) -> str:
+        """The backend class a role got: the object's, or the first class the unit began to build."""
+        if built is not None:
+            return type(built).__name__
+        began = self.built.get(unit)
+        if began:
+            return began[0]
+        mine = [stop for stop in self.stops]
+        return f"not built ({mine[-1].unit} stopped at {mine[-1].step})" if mine else "none"
+
+    @contextlib.contextmanager
+    def wrapping(self, classes: list[type], methods: list[tuple[type, str]] = ()) -> Iterator[None]:
+        """Each class's ``__init__`` stops at its first GPU step and returns; the object keeps what it set.
+
+        Each of ``methods`` is a unit of its own (:meth:`run`): it stops the
+        same way and returns None (the object it was building is not handed
+        back), so that its caller goes on to its next step as the server would.
+        """
+        saved: list[tuple[type, str, Any]] = []
+        try:
+            for cls in classes:
+                saved.append((cls, "__init__", cls.__dict__["__init__"]))
+                saved.append((cls, "__getattr__", cls.__dict__.get("__getattr__")))
+                cls.__init__ = self._wrapped_init(cls, cls.__dict__["__init__"])  # type: ignore[misc]
+                cls.__getattr__ = _stopped_getattr(cls.__dict__.get("__getattr__"))  # type: ignore[attr-defined]
+            for cls, name in methods:
+                method = cls.__dict__[name]
+                saved.append((cls, name, method))
+                setattr(cls, name, self._wrapped_method(cls, name, method))
             yield
         finally:
-            torch.cuda.Stream = stream  # type: ignore[misc]
-            for name, real in saved.items():
-                if real is None:
-                    sys.modules.pop(name, None)
+            for cls, name, value in reversed(saved):
+                if value is None:
+                    delattr(cls, name)
                 else:
-                    sys.modules[name] = real
+                    setattr(cls, name, value)
 
-    @contextlib.contextmanager
-    def _capability(self, capability: tuple[int, int]) -> Iterator[None]:
-        registry = self._registry
-        real = registry.get_device_capability
-        registry.get_device_capability = lambda device_id=0: capability
-        try:
-            yield
-        finally:
-            registry.get_device_capability = real
+    def _wrapped_method(self, cls: type, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        log = self
 
+        @functools.wraps(method)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return log.run(lambda: method(*args, **kwargs), f"{cls.__qualname__}.{name}")
+
+        return wrapped
+
+    def _wrapped_init(self, cls: type, init: Callable[..., None]) -> Callable[..., None]:
+        log = self
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if log._depth == 0 and log._units:
+                log.built.setdefault(log._units[-1], []).append(type(self).__name__)
+            log._depth += 1
+            try:
+                init(self, *args, **kwargs)
+            except BaseException as exc:
+                if not log.is_gpu_stop(exc):
+                    raise
+                stop = log.stop_of(f"{cls.__qualname__}.__init__", exc)
+                log.stops.append(stop)
+                with contextlib.suppress(AttributeError, TypeError):
+                    self.__dict__.setdefault("_mla_gpu_step", stop)
+            finally:
+                log._depth -= 1
+
+        return __init__
+
+
+def _stopped_getattr(original: Callable[[Any, str], Any] | None) -> Callable[[Any, str], Any]:
+    """``__getattr__`` for a wrapped class: a field its stopped ``__init__`` never set is itself a GPU step."""
+
+    def __getattr__(self: Any, name: str) -> Any:
+        stop = None
+        if not (name.startswith("__") and name.endswith("__")):
+            try:
+                stop = object.__getattribute__(self, "__dict__").get("_mla_gpu_step")
+            except AttributeError:
+                stop = None
+        if stop is not None:
+            raise GpuStep(f"self.{name}, left unset when {stop.unit} stopped")
+        if original is not None:
+            return original(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    return __getattr__
+
+
+@contextlib.contextmanager
+def _rebound(functions: tuple[tuple[str, str], ...], what: str) -> Iterator[None]:
+    """Inside: each ``module.function`` (where it exists) is a GPU step, in every sglang module bound to it."""
+    saved: list[tuple[types.ModuleType, str, Any]] = []
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        raise GpuStep(what)
+
+    try:
+        for module_name, attr in functions:
+            real = getattr(sys.modules.get(module_name), attr, None)
+            if real is None:
+                continue
+            for module, key in _bindings(real):
+                if vars(module).get(key) is real:
+                    saved.append((module, key, real))
+                    setattr(module, key, stop)
+        yield
+    finally:
+        for module, key, value in saved:
+            setattr(module, key, value)
+
+
+_BINDINGS: dict[int, tuple[int, list[tuple[types.ModuleType, str]]]] = {}
+
+
+def _bindings(obj: Any) -> list[tuple[types.ModuleType, str]]:
+    """Every ``(sglang module, name)`` bound to ``obj`` (recomputed when modules were imported since)."""
+    cached = _BINDINGS.get(id(obj))
+    if cached is not None and cached[0] == len(sys.modules):
+        return cached[1]
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == "sglang" or name.startswith("sglang.")):
+            for key, value in list(vars(module).items()):
+                if value is obj:
+                    found.append((module, key))
+    _BINDINGS[id(obj)] = (len(sys.modules), found)
+    return found
+
+
+def _set_fields(self: Any, **fields: Any) -> None:
+    self.__dict__.update(fields)
+
+
+@functools.lru_cache(maxsize=None)
+def _stand_in_class(model_runner_cls: type) -> type:
+    def __getattr__(self: Any, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        object.__getattribute__(self, "_mla_misses").add(name)
+        raise _RunnerAttributeError(f"SGLang read model_runner.{name}, which the adapter's stand-in model runner "
+                                    "does not provide", name=name, obj=self)
+
+    return type(f"StandIn{model_runner_cls.__name__}", (model_runner_cls,),
+                {"__init__": _set_fields, "__getattr__": __getattr__, "__module__": __name__})
+
+
+def _stand_in(model_runner_cls: type, misses: set[str]) -> Callable[..., Any]:
+    cls = _stand_in_class(model_runner_cls)
+    return functools.partial(cls, _mla_misses=misses)
+
+
+def _imported_modules(obj: Any) -> set[str]:
+    """Modules named in ``from M import ...`` statements of ``obj``'s source (a function or class)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError):
+        return set()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+
+
+def _roles(built: Any, children: Mapping[str, str], log: _ConstructionLog) -> dict[str, str]:
+    """Role → backend class: a hybrid's children by role, else the one backend for every role."""
+    fields = getattr(built, "__dict__", {})
+    if all(attr in fields and not isinstance(fields[attr], str) for attr in children.values()):
+        return {role: log.label(fields[attr], log.phase) for role, attr in children.items()}
+    return {role: log.label(built, log.phase) for role in children}
 
 
 def _cli_choices(server_args_cls: Any) -> dict[str, tuple[str, ...]]:
@@ -378,7 +951,3 @@ def _asked(cell: Cell, field: str) -> Any:
     """What the cell asked for (SGLang's defaults where the matrix has no axis)."""
     return {"page_size": cell.page_size if cell.page_size is not None else 1,
             "kv_cache_dtype": cell.kv_dtype or "auto", "attention_backend": cell.backend}[field]
-
-
-def _label(built: Any) -> str:
-    return built.name if isinstance(built, _Built) else type(built).__name__
