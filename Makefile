@@ -19,6 +19,7 @@ help:
 	@echo "make matrix       run matrix/reference.toml on the built-in engine, write reports/"
 	@echo "make test         run the test suite (pytest -n $(JOBS))"
 	@echo "make conformance  run the SGLang and vLLM matrices in their own venvs"
+	@echo "                  (ENGINES=\"sglang==0.5.21 vllm==0.33.0\": any releases, in .venv-NAME-VERSION)"
 	@echo "make bench        print benchmark numbers (plugin overhead, kernel, report)"
 
 $(STAMP): pyproject.toml Makefile
@@ -34,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/pytest -p no:cacheprovider -n $(JOBS)
 
 conformance: $(STAMP)
-	bash tools/conformance.sh
+	bash tools/conformance.sh $(foreach e,$(ENGINES),--engine $(e))
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -2,16 +2,22 @@
 # Conformance: run matrix/sglang.toml and matrix/vllm.toml against the REAL engines'
 # validation code, each in its own virtual environment, on a CPU-only machine.
 #
-#   tools/conformance.sh                 # create/reuse venvs, run all three, write reports/
-#   tools/conformance.sh --install-only  # only create/refresh the venvs
-#   tools/conformance.sh --only sglang   # one of: sglang, sglang-0.5.22, vllm (repeatable)
+#   tools/conformance.sh                        # create/reuse the default venvs, run their matrices
+#   tools/conformance.sh --install-only         # only create/refresh the venvs
+#   tools/conformance.sh --only sglang-0.5.22   # a default venv: sglang, sglang-0.5.22, vllm (repeatable)
+#   tools/conformance.sh --engine sglang==0.5.21 [--engine vllm==0.33.0 ...] [--install-only]
+#                                               # any release: builds .venv-NAME-VERSION, runs its matrix
+#   make conformance ENGINES="sglang==0.5.21 vllm==0.33.0"    # the same, through make
 #
-# Venvs: .venv-sglang (sglang 0.5.23), .venv-sglang-0.5.22, .venv-vllm (vllm 0.34.0).
-# Each holds CPU torch 2.13.0, the engine's pure-Python import-time dependencies,
-# the engine itself installed --no-deps (its pins want CUDA torch), and pytest-mla
-# (-e, --no-deps) with pytest/packaging/tabulate. A stamp file records the pins; a
-# venv whose stamp matches is reused as is, so a rerun only runs the matrices.
-# Reports: reports/sglang-0.5.23.*, reports/sglang-0.5.22.*, reports/vllm-0.34.0.*.
+# Default venvs: .venv-sglang (sglang 0.5.23), .venv-sglang-0.5.22, .venv-vllm (vllm 0.34.0).
+# --engine NAME==VERSION (NAME: sglang or vllm) builds .venv-NAME-VERSION instead of the defaults.
+# Each venv holds CPU torch 2.13.0, the engine's pure-Python import-time dependencies (and those a
+# release needs beyond them, e.g. xgrammar for sglang 0.5.20), the engine itself installed
+# --no-deps (its pins want CUDA torch), and pytest-mla (-e, --no-deps) with pytest/packaging/
+# tabulate. Transitive versions come from tools/locks/NAME-VERSION.txt (pip freeze of a venv that
+# passed); a release without a lock file still builds, unpinned, with a warning. A stamp file
+# records the pins; a venv whose stamp matches is reused as is, so a rerun only runs the matrices.
+# Reports: reports/NAME-VERSION.{json,md,html} (e.g. reports/sglang-0.5.23.*).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,25 +39,61 @@ llguidance blake3 msgspec pyyaml regex tokenizers protobuf diskcache lark openai
 prometheus-fastapi-instrumentator watchfiles setproctitle"
 VLLM_NODEPS="compressed-tensors xgrammar"
 
+# Import-time dependencies particular releases need beyond their engine's list (installed --no-deps).
+release_nodeps() {
+  case "$1" in
+    sglang==0.5.20) echo "xgrammar" ;;  # 0.5.20 imports xgrammar unguarded (constrained decoding)
+    *) echo "" ;;
+  esac
+}
+
 # name | engine pin | deps | no-deps extras | lock file (exact versions of everything else)
-VENVS=(
+DEFAULT_VENVS=(
   ".venv-sglang|sglang==0.5.23|SGLANG_DEPS|SGLANG_NODEPS|tools/locks/sglang-0.5.23.txt"
   ".venv-sglang-0.5.22|sglang==0.5.22|SGLANG_DEPS|SGLANG_NODEPS|tools/locks/sglang-0.5.22.txt"
   ".venv-vllm|vllm==0.34.0|VLLM_DEPS|VLLM_NODEPS|tools/locks/vllm-0.34.0.txt"
 )
 STAMP_VERSION=2
 
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+
 install_only=0
 only=()
+engines=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --install-only) install_only=1 ;;
-    --only) only+=("$2"); shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "conformance: unknown argument $1" >&2; exit 2 ;;
+    --only) [[ $# -ge 2 ]] || { echo "conformance: --only needs a name" >&2; exit 2; }; only+=("$2"); shift ;;
+    --engine) [[ $# -ge 2 ]] || { echo "conformance: --engine needs NAME==VERSION" >&2; exit 2; }
+              engines+=("$2"); shift ;;
+    --engine=*) engines+=("${1#--engine=}") ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "conformance: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+
+VENVS=()
+if [[ ${#engines[@]} -gt 0 ]]; then
+  if [[ ${#only[@]} -gt 0 ]]; then
+    echo "conformance: --only selects default venvs; it cannot be combined with --engine" >&2; exit 2
+  fi
+  for spec in "${engines[@]}"; do
+    if [[ ! "$spec" =~ ^(sglang|vllm)==([0-9][0-9A-Za-z.+!-]*)$ ]]; then
+      echo "conformance: --engine $spec: expected NAME==VERSION with NAME sglang or vllm (e.g. sglang==0.5.21)" >&2
+      exit 2
+    fi
+    name="${BASH_REMATCH[1]}" version="${BASH_REMATCH[2]}"
+    deps="SGLANG_DEPS" nodeps="$SGLANG_NODEPS"
+    [[ "$name" == vllm ]] && deps="VLLM_DEPS" nodeps="$VLLM_NODEPS"
+    extra="$(release_nodeps "$spec")"
+    var="NODEPS_${#VENVS[@]}"
+    printf -v "$var" '%s' "$nodeps${extra:+ $extra}"
+    VENVS+=(".venv-$name-$version|$spec|$deps|$var|tools/locks/$name-$version.txt")
+  done
+else
+  VENVS=("${DEFAULT_VENVS[@]}")
+fi
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -81,8 +123,13 @@ selected() {
 ensure_venv() {
   local dir="$1" engine="$2" deps="$3" nodeps="$4" lock="$5"
   local stamp="$dir/.mla-stamp"
-  local want
-  want="v$STAMP_VERSION $engine $TORCH_PIN $TRITON_PIN | $deps | nodeps: $nodeps | $HARNESS_DEPS | lock $(cksum < "$lock")"
+  local want locksum="none"
+  if [[ -f "$lock" ]]; then
+    locksum="$(cksum < "$lock")"
+  else
+    echo "conformance: WARNING: no lock file $lock for $engine: transitive dependencies are not pinned" >&2
+  fi
+  want="v$STAMP_VERSION $engine $TORCH_PIN $TRITON_PIN | $deps | nodeps: $nodeps | $HARNESS_DEPS | lock $locksum"
   if [[ -x "$dir/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     # The editable install points at this checkout; refresh it cheaply if the tree moved.
     if ! "$dir/bin/python" -c 'import pytest_mla, sys; sys.exit(0 if pytest_mla.__file__.startswith(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null; then
@@ -98,7 +145,7 @@ ensure_venv() {
   local py="$dir/bin/python"
   local constraints="$dir/.mla-constraints.txt"
   # The lock (pip freeze of a venv that passed) keeps transitive versions from drifting.
-  { printf '%s\n' "$TORCH_PIN" "$TRITON_PIN"; cat "$lock"; } > "$constraints"
+  { printf '%s\n' "$TORCH_PIN" "$TRITON_PIN"; [[ -f "$lock" ]] && cat "$lock"; } > "$constraints"
   pip_retry "$py" "$TORCH_PIN" "$TRITON_PIN"
   # shellcheck disable=SC2086
   pip_retry "$py" -c "$constraints" $deps $HARNESS_DEPS

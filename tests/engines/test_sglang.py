@@ -1,25 +1,175 @@
-"""The real SGLang adapter, run inside .venv-sglang (skipped when that venv is absent)."""
+"""The SGLang adapter.
+
+Two kinds of tests:
+
+* against ``fake_sglang/`` (always run): a tiny fake ``sglang`` with SGLang's
+  start-up call shapes and hand-written checks (see its ``__init__``). The
+  expectations below are written from the fake's source. They check the
+  adapter's mechanics: a draft-side constructor's refusal is the engine's,
+  a CUDA-only failure after the checks is a note, an adapter-side problem
+  is verdict ``error`` naming the step and version, never a refusal;
+* against the real releases, inside their venvs (``.venv-sglang`` is 0.5.23,
+  ``.venv-sglang-0.5.22``/``-0.5.21``/``-0.5.20``), skipped when a venv is absent.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
 
 from ._venv import ROOT, run_matrix, venv_python
 
+pytest_plugins = ["pytester"]
+
 MATRIX = ROOT / "matrix" / "sglang.toml"
+FAKE = ROOT / "tests" / "engines" / "fake_sglang"
 SEED_0523 = "returns no rank-local LSE for the cross-rank merge. Select cutedsl_mla.\" }"
 NARROW = ("--mla-select=model=deepseek-v3", "--mla-select=backend=trtllm_mla", "--mla-select=dcp=1,4",
           "--mla-select=arch=sm100", "--mla-select=kv_dtype=auto")
 
+#: The real releases and the venvs that hold them.
+RELEASES = {"0.5.20": ".venv-sglang-0.5.20", "0.5.21": ".venv-sglang-0.5.21",
+            "0.5.22": ".venv-sglang-0.5.22", "0.5.23": ".venv-sglang"}
+#: Read in each release's sglang/srt/runtime_context.py (_PLATFORM_PROBES): 0.5.22 added these two.
+FACTS_SINCE_0522 = {"is_mps", "is_sm110"}
+
+FLASHINFER_MLA_TREES = "Currently Flashinfer MLA only supports topk=1 for speculative decoding"
+
+# Written from fake_sglang's source (attention_registry.py, fake_backend.py, draft_utils.py), in its order.
+FAKE_MATRIX = textwrap.dedent("""
+    [engine]
+    name = "sglang"
+    version = "==0.9.0"
+
+    [axes]
+    model = ["deepseek-v3", "llama-3.1-8b"]
+    backend = ["fake_mla", "cuda_probe"]
+    dcp = [1]
+    spec = ["none", "eagle-1x3", "eagle-4x3"]
+    arch = ["sm80", "sm90"]
+    kv_dtype = ["auto", "fp8_e5m2"]
+
+    [[rule]]
+    when = { backend = "fake_mla", "model.mla" = false }
+    reject = { error = "ValueError", message = "fake_mla backend can only be used with MLA models." }
+
+    [[rule]]
+    when = { backend = "fake_mla", arch = "sm80" }
+    reject = { error = "AssertionError", message = "fake_mla needs SM90 or newer" }
+
+    [[rule]]
+    when = { backend = "fake_mla", kv_dtype = "fp8_e5m2" }
+    reject = { error = "ValueError", message = "FakeMLA does not support kv-cache-dtype fp8_e5m2." }
+
+    [[rule]]
+    when = { backend = "fake_mla", "spec.topk" = ">1" }
+    reject = { error = "ValueError", message = "Currently FakeMLA only supports topk=1 for speculative decoding" }
+
+    [[rule]]
+    when = { backend = "cuda_probe", "spec.enabled" = true }
+    reject = { error = "ValueError", message = "EAGLE is not supported in decode attention backend cuda_probe" }
+""")
+
+
+# ---- the fake engine ----------------------------------------------------------------------------
+
+@pytest.fixture
+def fake(pytester, monkeypatch):
+    """A pytester dir whose subprocesses import ``fake_sglang`` as ``sglang`` (ahead of a real one)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FAKE), str(ROOT), os.environ.get("PYTHONPATH")])))
+    for switch in ("FAKE_SGLANG_EXTRA_FACT", "FAKE_SGLANG_NO_DRAFT_FACTORY"):
+        monkeypatch.delenv(switch, raising=False)
+    pytester.makefile(".toml", m=FAKE_MATRIX)
+    return pytester
+
+
+def run_fake(pytester):
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "--mla-kernel=off", "-p", "no:cacheprovider",
+                                           "--mla-report-dir=reports", "--mla-report-name=m")
+    doc = json.loads((pytester.path / "reports" / "m.json").read_text())
+    return result, {c["id"]: c for c in doc["cells"]}, doc
+
+
+def test_a_draft_side_constructor_refusal_is_the_engines_refusal(fake):
+    """FakeMLAMultiStepDraftBackend.__init__ (built by the draft worker) refuses trees: the cell is refused."""
+    result, cells, _ = run_fake(fake)
+    assert result.ret == 0, result.stdout.str()
+    assert len(cells) == 48 and {c["verdict"] for c in cells.values()} == {"pass"}
+    tree = cells["deepseek-v3/fake_mla/dcp1/eagle-4x3/sm90/kv-auto"]["outcome"]
+    assert (tree["kind"], tree["error"], tree["message"]) == (
+        "rejected", "ValueError", "Currently FakeMLA only supports topk=1 for speculative decoding")
+    # A chain gets through the draft worker: every constructor ran until its first GPU step.
+    chain = cells["deepseek-v3/fake_mla/dcp1/eagle-1x3/sm90/kv-auto"]
+    assert chain["outcome"]["kind"] == "accepted"
+    assert chain["outcome"]["backends"]["draft_decode"] == "FakeMLAMultiStepDraftBackend"
+    assert ("[draft worker] FakeMLAMultiStepDraftBackend.__init__ stopped at torch.zeros(device='cuda') "
+            "(fake_backend.py:23) after its checks") in chain["notes"]
+    assert ("[target] FakeMLABackend.__init__ stopped at torch.empty(device='cuda') (fake_backend.py:15) "
+            "after its checks") in chain["notes"]
+    # The check FakeMLABackend.__init__ makes after its allocation is never reached.
+    assert "never reached without a GPU" not in json.dumps(list(cells.values()))
+
+
+def test_a_cuda_only_failure_after_the_checks_is_a_note_not_a_refusal(fake):
+    """CudaProbeBackend.__init__ asserts CUDA (AssertionError on this host) after its checks."""
+    _, cells, _ = run_fake(fake)
+    for arch in ("sm80", "sm90"):
+        cell = cells[f"llama-3.1-8b/cuda_probe/dcp1/none/{arch}/kv-auto"]
+        assert cell["verdict"] == "pass" and cell["outcome"]["kind"] == "accepted"
+        assert any(n.startswith("[target] CudaProbeBackend.__init__ stopped at AssertionError: Torch not compiled "
+                                "with CUDA enabled") for n in cell["notes"]), cell["notes"]
+
+
+def test_the_release_gets_only_the_platform_facts_it_knows(fake):
+    """Like 0.5.20/0.5.21 the fake has no is_mps/is_sm110 and raises ValueError for unknown facts."""
+    result, cells, doc = run_fake(fake)
+    assert result.ret == 0, result.stdout.str()
+    assert not any("unknown platform fact" in json.dumps(c) for c in cells.values())
+    facts = set(doc["run"]["engine"]["metadata"]["platform_facts"])
+    assert "is_sm90" in facts and not facts & FACTS_SINCE_0522
+
+
+@pytest.mark.parametrize(("switch", "step", "text"), [
+    ("FAKE_SGLANG_EXTRA_FACT", "platform",
+     "SGLang knows platform fact(s) ['is_sm999'] that the adapter cannot derive from a GPU arch"),
+    ("FAKE_SGLANG_NO_DRAFT_FACTORY", "import",
+     "cannot find sglang.srt.speculative.draft_utils.DraftBackendFactory (absent)"),
+], ids=["unknown-platform-fact", "moved-hook"])
+def test_an_adapter_problem_is_an_error_never_a_refusal(fake, monkeypatch, switch, step, text):
+    monkeypatch.setenv(switch, "1")
+    result, cells, _ = run_fake(fake)
+    assert result.ret == 1
+    assert {c["verdict"] for c in cells.values()} == {"error"}
+    for cell in cells.values():
+        assert cell["outcome"]["kind"] == "crashed" and cell["outcome"]["error"] == "AdapterError"
+        assert cell["reason"] == f"adapter error: adapter step '{step}' failed on sglang 0.9.0: {text}", cell["reason"]
+
+
+def test_registered_backends_are_decided_by_the_factories(monkeypatch):
+    """mha_only refuses an MLA model on every arch; fake_mla refuses sm80 only; cuda_probe never."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)])}
+    code = "import json; from pytest_mla.engines.sglang import SGLangEngine; print(json.dumps(SGLangEngine().registered_backends()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "cuda_probe": True, "fake_mla": True, "mha_only": False, "triton": True}
+
+
+# ---- the real releases ---------------------------------------------------------------------------
 
 def test_narrow_matrix_passes_against_the_real_engine(tmp_path):
     python = venv_python(".venv-sglang")
     result = run_matrix(python, MATRIX, tmp_path, *NARROW)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(next(tmp_path.glob("sglang-*.json")).read_text())
-    cells = {c["id"]: c for c in report["cells"]} if isinstance(report.get("cells"), list) else report["cells"]
+    cells = {c["id"]: c for c in report["cells"]}
     assert len(cells) == 6  # dcp 1,4 x spec none, eagle-1x3, eagle-4x3
     assert all(c["verdict"] == "pass" for c in cells.values())
 
@@ -64,3 +214,39 @@ def test_unknown_backend_and_cross_attention_reach_sglangs_own_checks(tmp_path):
     assert cross["error"] == "AssertionError"
     assert cross["message"].startswith("Cross attention is not supported in the triton attention backend.")
     assert outcomes["deepseek-v3/triton/dcp1/none/sm90/kv-auto"]["kind"] == "accepted"
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_each_release_knows_its_own_platform_facts(version):
+    """The adapter reads the facts from the release: 0.5.20/0.5.21 lack is_mps and is_sm110."""
+    python = venv_python(RELEASES[version])
+    code = ("import json; from pytest_mla.engines.sglang import SGLangEngine; e = SGLangEngine(); "
+            "print(json.dumps({'version': e.version, 'broken': str(e._broken or ''), "
+            "'facts': sorted(e.metadata().get('platform_facts', []))}))")
+    out = subprocess.run([os.fspath(python), "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (got["version"], got["broken"]) == (version, "")
+    assert {"is_cuda", "is_sm90", "is_sm100", "is_blackwell", "device_capability"} <= set(got["facts"])
+    if version >= "0.5.22":
+        assert FACTS_SINCE_0522 <= set(got["facts"])
+    else:
+        assert not FACTS_SINCE_0522 & set(got["facts"])
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_flashinfer_mla_draft_trees_are_refused_by_the_draft_backend(tmp_path, version):
+    """Issue 15: the draft worker's FlashInferMLAMultiStepDraftBackend refuses trees, in every release."""
+    python = venv_python(RELEASES[version])
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-select=model=deepseek-v3", "--mla-select=backend=flashinfer",
+                        "--mla-select=dcp=1", "--mla-select=arch=sm90", "--mla-select=kv_dtype=auto")
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {c["id"]: c for c in json.loads(next(tmp_path.glob("sglang-*.json")).read_text())["cells"]}
+    assert len(cells) == 3 and all(c["verdict"] == "pass" for c in cells.values())
+    tree = cells["deepseek-v3/flashinfer/dcp1/eagle-4x3/sm90/kv-auto"]["outcome"]
+    assert (tree["kind"], tree["error"], tree["message"]) == ("rejected", "ValueError", FLASHINFER_MLA_TREES)
+    chain = cells["deepseek-v3/flashinfer/dcp1/eagle-1x3/sm90/kv-auto"]
+    assert chain["outcome"]["kind"] == "accepted"
+    assert chain["outcome"]["backends"]["draft_decode"] == "FlashInferMLAMultiStepDraftBackend"
+    assert any(n.startswith("[draft worker] FlashInferMLAMultiStepDraftBackend.__init__ stopped at ")
+               for n in chain["notes"]), chain["notes"]
