@@ -28,7 +28,8 @@ TRIES="${MLA_PIP_TRIES:-3}"
 
 TORCH_PIN="torch==2.13.0"
 TRITON_PIN="triton==3.9.0"
-HARNESS_DEPS="pytest>=8.1 packaging>=23 tabulate>=0.9"
+HARNESS_DEPS="pytest>=8.1 packaging>=23 tabulate>=0.9 pytest-xdist>=3.5"
+JOBS="${MLA_CONFORMANCE_JOBS:-2}"  # pytest -n: cells (and their kernel checks) over this many workers
 # Import-time dependencies of the engines (shared/reference/*.md), pure Python or CPU wheels.
 SGLANG_DEPS="numpy orjson psutil pybase64 requests packaging pillow fastapi msgspec pyzmq tqdm \
 ipython aiohttp transformers dill sentencepiece loguru gguf openai partial_json_parser einops \
@@ -163,7 +164,7 @@ run_matrix() {
   local rc=0
   "$dir/bin/python" -m pytest -p no:cacheprovider -q --no-header -rN \
     --rootdir "$ROOT" -c /dev/null \
-    --mla-matrix="$matrix" --mla-kernel=off \
+    --mla-matrix="$matrix" --mla-kernel=off -n "$JOBS" \
     --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' || rc=$?
   echo "conformance: $matrix with $dir: exit $rc in $(elapsed "$t0")s"
   return $rc

@@ -175,11 +175,6 @@ def argv_of(kwargs: Mapping[str, Any]) -> list[str]:
     return [part for field, value in kwargs.items() for part in ("--" + field.replace("_", "-"), str(value))]
 
 
-def server_argv(cell: Cell, model: ModelConfig, model_path: str) -> list[str]:
-    """The ``sglang serve`` arguments of a cell."""
-    return argv_of(server_kwargs(cell, model, model_path))
-
-
 @dataclasses.dataclass
 class Resolution:
     """A cell's configuration as SGLang resolved it (valid while that cell's config is published).
@@ -325,7 +320,8 @@ class SGLangEngine:
                 warnings.simplefilter("ignore")
                 self._sg = _SGLang(self.version)
             self._facts = self._platform_fact_names()
-            self._cli_choices = _cli_choices(self._sg.server_args_cls)
+            self._cli_parser = _cli_parser(self._sg.server_args_cls)
+            self._cli_choices = _cli_choices(self._cli_parser)
             self._install_capability()
         except AdapterError as exc:  # every cell reports it, naming the step (never a refusal)
             self._broken = exc
@@ -442,6 +438,10 @@ class SGLangEngine:
         self._rebind_capability()
 
     def _rebind_capability(self) -> None:
+        """Point modules imported since the last call at the dispatcher (a scan only when modules were added)."""
+        if getattr(self, "_rebound_at", None) == len(sys.modules):
+            return
+        self._rebound_at = len(sys.modules)
         for name, module in list(sys.modules.items()):
             if (name == "sglang" or name.startswith("sglang.")) and module is not None:
                 if getattr(module, "get_device_capability", None) is self._real_capability:
@@ -512,7 +512,8 @@ class SGLangEngine:
         engine's own registry lookup then answers for the name.
         """
         if all(kwargs.get(f) is None or kwargs[f] in self._cli_choices.get(f, (kwargs[f],)) for f in _BACKEND_OPTIONS):
-            return self._sg.prepare_server_args(argv_of(kwargs))  # `sglang serve ...`
+            with _reused_cli_parser(self._sg.prepare_server_args, self._sg.server_args_cls, self._cli_parser):
+                return self._sg.prepare_server_args(argv_of(kwargs))  # `sglang serve ...`
         return self._sg.server_args_cls(**{"log_level": "error", **kwargs})
 
     @staticmethod
@@ -938,13 +939,49 @@ def _roles(built: Any, children: Mapping[str, str], log: _ConstructionLog) -> di
     return {role: log.label(built, log.phase) for role in children}
 
 
-def _cli_choices(server_args_cls: Any) -> dict[str, tuple[str, ...]]:
-    """The ``choices`` of SGLang's own parser for the backend options (read from ``add_cli_args``)."""
+def _cli_parser(server_args_cls: Any) -> Any:
+    """SGLang's own ``sglang serve`` parser, built once as ``prepare_server_args`` builds it."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="sglang serve")
     server_args_cls.add_cli_args(parser)
+    return parser
+
+
+def _cli_choices(parser: Any) -> dict[str, tuple[str, ...]]:
+    """The ``choices`` of SGLang's own parser for the backend options (read from ``add_cli_args``)."""
     return {a.dest: tuple(a.choices) for a in parser._actions if a.dest in _BACKEND_OPTIONS and a.choices}
+
+
+@contextlib.contextmanager
+def _reused_cli_parser(prepare: Any, server_args_cls: Any, parser: Any) -> Iterator[None]:
+    """Let ``prepare_server_args`` run as written, but on the parser built once (``_cli_parser``).
+
+    ``prepare_server_args`` builds the whole CLI parser (hundreds of options,
+    ~80 ms) on every call before it parses; the parser does not depend on the
+    argv, and parsing does not change it. While the block runs, the module's
+    ``argparse.ArgumentParser`` hands back that parser and ``add_cli_args``
+    leaves it as it is; every other step (config merge, parse, logging,
+    ``from_cli_args``) is SGLang's own.
+    """
+    import argparse
+
+    module = sys.modules[prepare.__module__]
+    real_attr, real_add = server_args_cls.__dict__["add_cli_args"], server_args_cls.add_cli_args
+    shim = types.SimpleNamespace(**{k: getattr(argparse, k) for k in dir(argparse) if not k.startswith("__")})
+    shim.ArgumentParser = lambda *args, **kwargs: parser
+
+    def add_cli_args(target: Any) -> None:
+        if target is not parser:
+            real_add(target)
+
+    module.argparse = shim
+    server_args_cls.add_cli_args = staticmethod(add_cli_args)
+    try:
+        yield
+    finally:
+        module.argparse = argparse
+        server_args_cls.add_cli_args = real_attr
 
 
 def _asked(cell: Cell, field: str) -> Any:

@@ -92,13 +92,16 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
     """``kernel_for`` with what SGLang resolved for the cell (its server args and the runner facts)."""
     import torch
 
+    host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
+    reason = not_runnable(cell, runner.decode_attention_backend_str, host_arch)
+    if reason is not None:  # nothing more to read: the backend cannot run here
+        return None, reason
     tp = int(server_args.tp_size)
     dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
     kv = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(runner.kv_cache_dtype, "auto")
     config = runner.model_config
     heads = config.get_num_attention_heads(tp)
     kv_heads = config.get_num_kv_heads(tp, dcp) if not model.mla else 1
-    host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
     return kernel_for(cell, model, decode_backend=runner.decode_attention_backend_str, page_size=runner.page_size,
                       kv_cache_dtype=kv, tp=tp, num_heads=heads, num_kv_heads=kv_heads, host_arch=host_arch)
 
@@ -116,15 +119,9 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     cells that resolve to the same engine kernel share one check.
     """
     spec = parse_spec(cell.spec)
-    if decode_backend not in INTERPRETED:
-        archs, modules = GPU_BACKENDS.get(decode_backend, ((), ()))
-        missing = [m for m in modules if not _importable(m)]
-        if host_arch is None or host_arch != cell.arch or missing:
-            needs = f"a CUDA {cell.arch} GPU" + (f" with {', '.join(modules)} installed" if modules else "")
-            here = "this host has no GPU" if host_arch is None else f"this host is {host_arch}"
-            if host_arch is not None and missing:
-                here += f" without {', '.join(missing)}"
-            return None, f"SGLang's {decode_backend} backend runs on {needs}; {here}"
+    reason = not_runnable(cell, decode_backend, host_arch)
+    if reason is not None:
+        return None, reason
     dcp = max(cell.dcp, 1)
     options = (
         ("backend", decode_backend),
@@ -148,6 +145,21 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         function=f"{_backend_module(decode_backend)}:{name}.{method}", options=options, case=tuple(case),
         returns_lse=False, fp8_dots=decode_backend in INTERPRETED,
     ), ""
+
+
+def not_runnable(cell: Any, decode_backend: str, host_arch: str | None) -> str | None:
+    """Why SGLang's ``decode_backend`` cannot run for ``cell`` on this host (None: it can)."""
+    if decode_backend in INTERPRETED:
+        return None
+    archs, modules = GPU_BACKENDS.get(decode_backend, ((), ()))
+    missing = [m for m in modules if not _importable(m)]
+    if host_arch is None or host_arch != cell.arch or missing:
+        needs = f"a CUDA {cell.arch} GPU" + (f" with {', '.join(modules)} installed" if modules else "")
+        here = "this host has no GPU" if host_arch is None else f"this host is {host_arch}"
+        if host_arch is not None and missing:
+            here += f" without {', '.join(missing)}"
+        return f"SGLang's {decode_backend} backend runs on {needs}; {here}"
+    return None
 
 
 def _importable(module: str) -> bool:
