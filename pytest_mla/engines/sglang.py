@@ -72,6 +72,7 @@ from . import _quiet
 from ._gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from ._gpu_steps import stop_at_gpu_steps
 from .protocol import AdapterError, Configured
+from .sglang_support import STUBS
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
     raise ImportError("sglang is not installed in this environment", name="sglang")
@@ -83,8 +84,6 @@ MODEL_CONFIGS = Path(__file__).with_name("model_configs")
 
 #: Modules replaced by import stubs for the whole run when not installed (imported for names
 #: only): ``torchvision`` (a CUDA-linked wheel transformers and SGLang's multimodal configs
-#: import) and ``setproctitle`` (a C extension the worker modules import to name processes).
-STUBS = {"torchvision": {"torchvision": {"__version__": "0.28.0"}}, "setproctitle": {}}
 
 #: Kernel libraries (compiled CUDA extensions): one that is not installed here and that code
 #: being constructed imports is a GPU step ("kernel library X is not installed here").

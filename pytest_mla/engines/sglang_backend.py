@@ -218,7 +218,7 @@ class _AdapterStage:
         except AdapterError:
             raise
         except Exception as exc:
-            from .sglang_pools import adapter_error
+            from .sglang_support import adapter_error
 
             raise adapter_error(what, f"{type(exc).__name__}: {exc}") from exc
 

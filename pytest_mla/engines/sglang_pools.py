@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..core.errors import AdapterError
+from .sglang_support import STUBS, adapter_error, make_dataclass
 
 __all__ = ["Engine", "RankSetup", "adapter_error", "load_engine"]
 
@@ -34,13 +35,6 @@ _SPARE_PAGES = 4
 _lock = threading.Lock()
 
 
-def adapter_error(step: str, message: str) -> AdapterError:
-    """The adapter's own failure at ``step`` (verdict ``error``, never a finding)."""
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    return AdapterError(step, message, engine="sglang", version=version)
 _engine: "Engine | None" = None
 
 
@@ -80,7 +74,6 @@ def load_engine() -> Engine:
 def _import_engine() -> Engine:
     from ..kernels._mode import ensure_triton_mode
     from ._import_stubs import install_stubs
-    from .sglang import STUBS
 
     ensure_triton_mode()  # before any SGLang module with @triton.jit kernels is imported
     for root, attrs in STUBS.items():
@@ -264,12 +257,6 @@ def construct(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     return fn(*args, **kwargs)
-
-
-def make_dataclass(cls: type, **values: Any) -> Any:
-    """An instance of a (data)class from the fields it has; missing required fields raise."""
-    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(values)
-    return cls(**{k: v for k, v in values.items() if k in names})
 
 
 def poison(buffer: torch.Tensor, dtype: torch.dtype) -> None:

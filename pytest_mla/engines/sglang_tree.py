@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .sglang_pools import adapter_error
+from .sglang_support import adapter_error, make_dataclass
 
 __all__ = ["verify_input"]
 
@@ -112,7 +112,6 @@ def verify_input(setup: Any, engine: Any) -> tuple[Any, torch.Tensor, torch.Tens
     if TreeMaskMode is None:  # 0.5.23
         from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 
-    from .sglang_pools import make_dataclass
 
     inputs = setup.inputs
     _, topk, steps, num_draft = setup.spec
