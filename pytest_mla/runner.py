@@ -212,13 +212,15 @@ class MatrixRun:
 def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout_s: float) -> KernelResult:
     """One numeric check, as a kernel record; a crash or an engine's exception becomes a failed record."""
     from .kernels import harness
-    from .kernels.engine_check import BackendRaised, run_engine_check
+    from .kernels.engine_check import BackendRaised, EngineCannotRun, run_engine_check
 
     failed = {"status": KERNEL_FAILED, "where": where, "level": spec.level, "case": case.as_dict()}
     try:
         if spec.protocol == "engine":
             return run_engine_check(case, spec, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
         return harness.run_kernel_check(case, spec.target, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
+    except EngineCannotRun as exc:  # the engine's own path needs a kernel this host lacks
+        return not_run(str(exc))
     except BackendRaised as exc:  # the engine accepted the configuration, then its own code raised: a finding
         return {**failed, "finding": True, "function": exc.function,
                 "message": f"engine accepted this configuration, but its backend raised {exc}"}

@@ -53,12 +53,14 @@ MAX_MODEL_LEN = 4096
 #: decode path reads none (the cell's own arch is tried in ``kernel_for``).
 DEFAULT_CAPABILITY = "9.0"
 
+#: vLLM's switches for its direct symmetric-memory DCP paths (NVLS multicast on CUDA), off on a
+#: CPU host: there it takes the path it takes on any GPU node without multicast memory
+#: (``GroupCoordinator.all_gather`` of the query, AG + RS combine).
+NO_SYMMETRIC_MEMORY = {"VLLM_USE_DIRECT_DCP_Q_GATHER": "0", "VLLM_USE_DIRECT_DCP_KV_GATHER": "0",
+                       "VLLM_USE_DIRECT_DCP_A2A": "0"}
+
 _state: dict[str, Any] = {}
 _lock = threading.Lock()
-
-
-class EngineCannotRun(Exception):
-    """vLLM's path for this case runs code that cannot run on this host (no GPU kernel here)."""
 
 
 # ---- process set-up ---------------------------------------------------------------------------
@@ -145,7 +147,8 @@ class _ThreadGroup:
 
 def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
     """The sections of a ``VllmConfig`` the layer, its impl and its builder read: vLLM's own classes."""
-    from vllm.config import AttentionConfig, CacheConfig, CompilationConfig, KernelConfig, SchedulerConfig
+    from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, KernelConfig, SchedulerConfig,
+                             ParallelConfig, SpeculativeConfig, VllmConfig)
 
     from ..core.models import ModelConfig
     from .vllm import _StandInConfig
@@ -154,7 +157,8 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
                         options["qk_rope_head_dim"], options["qk_nope_head_dim"], options["v_head_dim"])
     model_config = engine._model_view(model)
     model_config.max_model_len = MAX_MODEL_LEN
-    parallel = engine._parallel_config(options["tp"], options["dcp"])
+    parallel = ParallelConfig(tensor_parallel_size=options["tp"], decode_context_parallel_size=options["dcp"])
+    parallel.set_dcp_defaults()  # what VllmConfig.__post_init__ does for models without a preference
     cache = CacheConfig(block_size=options["block_size"], cache_dtype=options["cache_dtype"])
     scheduler = SchedulerConfig(max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False)
     compilation = CompilationConfig()
@@ -162,14 +166,43 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
     compilation.custom_ops.append("none")
     speculative = None
     if options["num_speculative_tokens"]:
-        # The builders read the method and the token count (max_decode_query_len).
-        speculative = types.SimpleNamespace(method=options["spec_method"],
-                                            num_speculative_tokens=options["num_speculative_tokens"],
-                                            parallel_drafting=False, use_local_argmax_reduction=False)
-    return _StandInConfig(model_config=model_config, parallel_config=parallel, cache_config=cache,
-                          scheduler_config=scheduler, compilation_config=compilation,
-                          attention_config=AttentionConfig(), kernel_config=KernelConfig(),
-                          speculative_config=speculative)
+        speculative = _view_of(SpeculativeConfig)()
+        speculative.method = options["spec_method"]
+        speculative.num_speculative_tokens = options["num_speculative_tokens"]
+    return _view_of(VllmConfig, _StandInConfig)(
+        model_config=model_config, parallel_config=parallel, cache_config=cache, scheduler_config=scheduler,
+        compilation_config=compilation, attention_config=AttentionConfig(), kernel_config=KernelConfig(),
+        speculative_config=speculative)
+
+
+_views: dict[type, type] = {}
+
+
+def _view_of(cls: type, base: type = object) -> type:
+    """A class with ``cls``'s methods and properties and its fields' defaults, without its validators.
+
+    vLLM's ``VllmConfig`` and ``SpeculativeConfig`` validate a whole engine
+    (a model checkpoint, a draft model) when built; the checks read only a
+    few fields and derive the rest through the classes' own properties
+    (``num_speculative_tokens``, ``max_num_new_slots_for_drafting``, ...),
+    which the view keeps. Fields without a plain default start as ``None``.
+    """
+    import dataclasses
+
+    key = (cls, base)
+    if key not in _views:
+        attrs: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            attrs[field.name] = field.default if field.default is not dataclasses.MISSING else None
+        for name, value in vars(cls).items():
+            if name.startswith("__") or name in attrs or name.startswith("_abc"):
+                continue
+            if callable(value) or isinstance(value, (property, staticmethod, classmethod)):
+                attrs[name] = value
+        if base is not object:  # the stand-in's sections are instance attributes
+            attrs = {k: v for k, v in attrs.items() if not k.endswith("_config") and k != "instance_id"}
+        _views[key] = type(f"{cls.__name__}View", (base,), attrs)
+    return _views[key]
 
 
 @contextlib.contextmanager
@@ -186,6 +219,9 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
     major, minor = (int(x) for x in capability.split("."))
     engine._platform_cls.capability = engine._capability(major, minor)
     saved_dcp, saved_dtype = parallel_state._DCP, torch.get_default_dtype()
+    saved_env = {name: os.environ.get(name) for name in NO_SYMMETRIC_MEMORY}
+    if group is not None and group.device.type == "cpu":
+        os.environ.update(NO_SYMMETRIC_MEMORY)
     holder.bind(group)
     parallel_state._DCP = holder if group is not None else None
     torch.set_default_dtype(config.model_config.dtype)
@@ -195,6 +231,11 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
     finally:
         torch.set_default_dtype(saved_dtype)
         parallel_state._DCP = saved_dcp
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         holder.bind(None)
 
 
@@ -301,10 +342,12 @@ def _dense_rows(inputs: Any, i: int, n: int) -> Any:
 def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """One DCP rank of vLLM's TRITON_MLA decode / chain verify; its heads after vLLM's merge."""
     import torch
+    from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.mla.triton_mla import TritonMLAMetadataBuilder
+    from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-    from ..kernels.engine_check import RankResult
+    from ..kernels.engine_runner import EngineCannotRun, RankResult
 
     engine = prepare_process()
     world, rank = ctx.world, ctx.rank
@@ -316,6 +359,7 @@ def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     config = _vllm_config(engine, options)
     config.model_config.dtype = inputs.q.dtype
     group = _Group(ctx.collectives, device) if world > 1 else None
+    # (the harness applies kernels.interpreter.interpreter_fixes around every interpreted engine check)
     with _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group):
         layer = _build_layer(options, inputs.softmax_scale, device)
         if inputs.kv_scale is not None:
@@ -333,9 +377,15 @@ def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             slot_mapping=torch.full((b * s_q,), -1, dtype=torch.int64, device=device), causal=True,
             dcp_local_seq_lens=local, dcp_local_seq_lens_cpu_upper_bound=local.cpu() if local is not None else None,
             is_prefilling=torch.zeros(b, dtype=torch.bool, device=device))
+        # The builder's own decode/prefill split, as its build() makes it: rows past its
+        # reorder threshold go to the MHA prefill path (a CUDA kernel).
+        decodes, prefills, _, _ = split_decodes_and_prefills(
+            common, decode_threshold=builder.reorder_batch_threshold,
+            require_uniform=builder.query_len_support != QueryLenSupport.VARLEN,
+            treat_short_extends_as_decodes=not builder.use_pcp)
+        if prefills:
+            raise EngineCannotRun(_prefill_reason(layer, prefills, builder, s_q))
         metadata = builder.build(0, common)
-        if metadata.num_prefills:
-            raise EngineCannotRun(_prefill_reason(layer, metadata, builder, s_q))
         per = h // world
         heads = (rank * per, (rank + 1) * per)
         q = inputs.q.reshape(b * s_q, h, d_qk)[:, heads[0]:heads[1]].contiguous()
@@ -358,9 +408,11 @@ def _combine_name(combine: Any) -> str:
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
-def _prefill_reason(layer: Any, metadata: Any, builder: Any, s_q: int) -> str:
+def _prefill_reason(layer: Any, prefills: int, builder: Any, s_q: int) -> str:
     prefill = type(layer.prefill_backend).__name__ if layer.prefill_backend is not None else "none"
-    return (f"vLLM's TritonMLAMetadataBuilder classed the {metadata.num_prefills} verify requests "
-            f"({s_q} query tokens) as prefills (reorder_batch_threshold "
-            f"{builder.reorder_batch_threshold}): they run MLAAttention's MHA prefill path on "
-            f"{prefill}, a CUDA kernel that cannot run on this host")
+    dcp = " (under DCP its threshold stays 1: no DCP support for multi-token decode rows)" \
+        if builder.dcp_world_size > 1 else ""
+    return (f"vLLM's TritonMLAMetadataBuilder classes the {prefills} verify requests of {s_q} query tokens "
+            f"as prefills: reorder_batch_threshold {builder.reorder_batch_threshold}{dcp}; they run "
+            f"MLAAttention.forward_mha on the MLA prefill backend {prefill}, a CUDA kernel that does not "
+            f"run on this host")

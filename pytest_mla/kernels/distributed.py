@@ -168,16 +168,18 @@ def run_distributed_engine(runner: str, inputs: DecodeInputs, case: Any, options
 
 
 def _rank_raised(workdir: str, world: int) -> Exception | None:
-    """The ``BackendRaised`` a failed engine rank recorded, if one did."""
+    """The ``BackendRaised`` (or ``EngineCannotRun``) a failed engine rank recorded, if one did."""
     import json
 
-    from .engine_runner import BackendRaised
+    from .engine_runner import BackendRaised, EngineCannotRun
 
     for rank in range(world):
         path = os.path.join(workdir, f"rank{rank}.raised.json")
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 info = json.load(f)
+            if info.get("error") == "EngineCannotRun":
+                return EngineCannotRun(info["text"])
             if info.get("function"):
                 return BackendRaised(info["error"], info["text"], info["function"], rank)
     return None
@@ -307,7 +309,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
 
     from .collectives import TorchCollectives
     from .engine_runner import RankContext, engine_function_of
-    from .interpreter import bf16_dot_fix, no_overflow_sanitizer
+    from .interpreter import interpreter_fixes
 
     problem = torch.load(os.path.join(args.dir, "problem.pt"), weights_only=False)
     inputs, case = problem["inputs"].to(device), problem["case"]
@@ -315,7 +317,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
     ctx = RankContext(args.rank, args.world, case.dcp_interleave, collectives, device, case)
     try:
         where = "interpreter" if device.type == "cpu" else str(device)
-        with bf16_dot_fix(where), no_overflow_sanitizer(where):
+        with interpreter_fixes(where):
             result = runner(inputs, ctx, problem["options"])
     except BaseException as exc:
         info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package)}

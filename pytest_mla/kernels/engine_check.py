@@ -39,12 +39,12 @@ import torch
 from ..core.errors import AdapterError
 from ..core.kernelspec import KernelSpec
 from .collectives import Collectives, run_ranks_in_process
-from .engine_runner import BackendRaised, EngineRunner, RankContext, RankResult, engine_function_of
+from .engine_runner import BackendRaised, EngineCannotRun, EngineRunner, RankContext, RankResult, engine_function_of
 
-#: Recorded on interpreted bf16 checks (see ``interpreter.bf16_dot_fix`` and docs/troubleshooting.md).
+#: Recorded on interpreted bf16 checks (see ``interpreter.interpreter_fixes`` and docs/troubleshooting.md).
 BF16_NOTE = "bf16 tl.dot operands widened to fp32 inside Triton's interpreter (bf16_dot_fix)"
 
-__all__ = ["BF16_NOTE", "BackendRaised", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
+__all__ = ["BF16_NOTE", "BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
 
 
 def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process", where: str = "interpreter",
@@ -58,7 +58,7 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     from ._mode import ensure_triton_mode
     from .compare import check_close, tolerance_for
     from .harness import gen_case_inputs
-    from .interpreter import bf16_dot_fix, no_overflow_sanitizer
+    from .interpreter import interpreter_fixes
     from .reference import ref_mla_decode
     from ..core.targets import import_target
 
@@ -81,11 +81,12 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
             try:
                 return runner(inputs, ctx, options)
             except BaseException as exc:
-                if not isinstance(exc, AdapterError) and engine_function_of(exc, spec.package) is not None:
+                own = isinstance(exc, (AdapterError, EngineCannotRun))
+                if not own and engine_function_of(exc, spec.package) is not None:
                     raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
                 raise
 
-        with bf16_dot_fix(where), no_overflow_sanitizer(where):
+        with interpreter_fixes(where):
             results = run_ranks_in_process(one_rank, case.dcp, timeout_s=timeout_s * max(case.dcp, 1))
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -11,7 +11,7 @@ import torch
 from .collectives import Collectives
 from .inputs import DecodeInputs
 
-__all__ = ["BackendRaised", "EngineRunner", "RankContext", "RankResult", "engine_function_of"]
+__all__ = ["BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_function_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,15 @@ class BackendRaised(Exception):
     @classmethod
     def from_exception(cls, exc: BaseException, package: str | None, rank: int | None = None) -> "BackendRaised":
         return cls(type(exc).__name__, str(exc), engine_function_of(exc, package), rank)
+
+
+class EngineCannotRun(Exception):
+    """The engine's own path for this case runs code this host cannot run (a GPU-only kernel).
+
+    Not a finding and not an error: the check is ``not-run`` with this text as
+    the reason. A runner raises it only after the engine's own code decided
+    the path (e.g. its metadata builder sent the rows to a CUDA-only kernel).
+    """
 
 
 def engine_function_of(exc: BaseException, package: str | None) -> str | None:
