@@ -96,7 +96,7 @@ from ..core.cells import Cell, arch_number
 from ..core.errors import AdapterError
 from ..core.models import ModelConfig
 from ..core.spec import parse_spec
-from . import _quiet
+from . import _quiet, vllm_backend
 from .protocol import Configured
 
 if importlib.util.find_spec("vllm") is None:  # the registry turns this into "unavailable"
@@ -180,7 +180,6 @@ GPU_STEPS = {
 #: transformers (DeepSeek-V2/V3, Kimi-K2, Llama, Qwen2): see ``VLLMEngine._model_info``.
 MODEL_INFO = {"is_hybrid": False}
 #: Why no decode kernel is checked for an accepted cell (``engines/vllm_backend.py`` will).
-KERNEL_REASON = "vLLM's kernels need a GPU and its compiled extensions"
 
 
 @dataclasses.dataclass
@@ -228,12 +227,14 @@ class VLLMEngine:
             self.version = "unknown"
         self.stubs: list[str] = []
         self._setup_error: AdapterError | None = None
+        vllm_backend.prepare_environment()  # before vLLM is imported: keeps its Triton kernels on a CPU host
         try:
             self._setup()
         except AdapterError as exc:  # every cell reports it (verdict error)
             self._setup_error = exc
         except Exception as exc:  # whatever else breaks the setup is the adapter's too
             self._setup_error = self._fail("setup", f"{type(exc).__name__}: {exc}")
+        vllm_backend.adopt(self)  # the engine checks of this process run on this engine's faked platform
 
     # -- setup: find what this release provides --------------------------------------------
     def _fail(self, step: str, message: str) -> AdapterError:
@@ -434,12 +435,15 @@ class VLLMEngine:
     # -- per cell ---------------------------------------------------------------------------
     def configure(self, cell: Cell, model: ModelConfig) -> Configured:
         startup = self.startup(cell, model)
-        return self._configured(startup)
+        return self._configured(cell, model, startup)
 
-    def _configured(self, startup: Startup) -> Configured:
-        """The accepted cell's record (``engines/vllm_backend.py`` adds the kernel)."""
+    def _configured(self, cell: Cell, model: ModelConfig, startup: Startup) -> Configured:
+        """The accepted cell's record, with the check of vLLM's own backend (``engines/vllm_backend.py``)."""
         label = startup.backend_name
-        return Configured(backends={"decode": label, "prefill": label}, kernel_reason=KERNEL_REASON,
+        cls = startup.backend_cls
+        tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
+        kernel, kernel_reason = vllm_backend.kernel_for(self, cell, model, f"{cls.__module__}.{cls.__qualname__}", tp)
+        return Configured(backends={"decode": label, "prefill": label}, kernel=kernel, kernel_reason=kernel_reason,
                           notes=startup.notes)
 
     def startup(self, cell: Cell, model: ModelConfig) -> Startup:
@@ -988,3 +992,19 @@ def _cuda_allocations_on_meta() -> Iterator[None]:
         yield
     finally:
         torch.empty = real  # type: ignore[assignment]
+
+
+#: The stand-in config class, for the kernel-check side (``vllm_backend`` never imports this module).
+VLLMEngine.stand_in_config_cls = _StandInConfig
+
+
+def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """``KernelSpec`` target: vLLM's own TRITON_MLA path (``vllm_backend``), on this process's adapter engine."""
+    vllm_backend.adopt_factory(VLLMEngine)
+    return vllm_backend.run_triton_mla(inputs, ctx, options)
+
+
+def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """``KernelSpec`` target: vLLM's own TRITON_ATTN path (``vllm_backend``), on this process's adapter engine."""
+    vllm_backend.adopt_factory(VLLMEngine)
+    return vllm_backend.run_triton_attn(inputs, ctx, options)
