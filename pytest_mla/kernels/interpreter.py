@@ -27,6 +27,23 @@ interpreter so that it computes what a GPU computes, and restores it after:
   fails before the kernel runs. The fix gives it the attribute, computed by
   Triton's own ``KernelParam`` as ``JITFunction`` computes it.
 
+* ``no_device_call_repatch`` (speed only): every call of a ``@triton.jit``
+  device function (``InterpretedFunction.__call__``) re-patches
+  ``triton.language`` with ``_patch_lang``, though the kernel launch that
+  runs it (``GridExecutor``) patched the same module objects already and
+  restores them at its end; on an engine's kernels, with helpers called per
+  tile, that is about a third of an interpreted check. The fix lets a
+  device call inside a launch reuse the launch's patch. Results are
+  unchanged (the patches are the same objects); a launch still patches and
+  restores as before.
+* ``fast_bf16_widening`` (speed only): the interpreter widens bf16 to fp32
+  (loads cast with ``.to(tl.float32)``, the bf16 dot fix) with a generic
+  bit-field conversion; bf16 is the top half of an fp32, so a 16-bit shift
+  widens exactly, as a GPU's conversion does: the same bits as Triton's for
+  every normal value, NaN and inf, and the exact value for bf16 subnormals
+  (which Triton 3.9's generic conversion flushes to zero). Every other
+  conversion is Triton's own.
+
 Each fix is re-entrant (reference counted) and does nothing unless
 ``where == "interpreter"`` and ``TRITON_INTERPRET`` is on: on a GPU nothing
 is touched. ``tests/kernels/test_interpreter.py`` checks each one, and that
@@ -40,7 +57,8 @@ import dataclasses
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["bf16_dot_fix", "int1_mask_fix", "interpreter_fixes", "jit_constexprs_fix", "no_overflow_sanitizer"]
+__all__ = ["bf16_dot_fix", "fast_bf16_widening", "int1_mask_fix", "interpreter_fixes", "jit_constexprs_fix", "no_device_call_repatch",
+           "no_overflow_sanitizer"]
 
 _lock = threading.Lock()
 
@@ -77,13 +95,14 @@ def _scoped(name: str, install: Callable[[], Callable[[], None]]) -> Callable[..
 def _install_bf16_dot() -> Callable[[], None]:
     import numpy as np
     import triton.language as tl
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle, _convert_float
+    from triton.runtime import interpreter
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
 
     original = InterpreterBuilder.create_dot
 
     def widen(handle: Any) -> Any:
         if handle.dtype.scalar == tl.bfloat16:
-            data = _convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
+            data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
             return TensorHandle(data.reshape(handle.data.shape), tl.float32)
         return handle
 
@@ -160,12 +179,78 @@ def _install_jit_constexprs() -> Callable[[], None]:
     return undo
 
 
+def _install_no_device_call_repatch() -> Callable[[], None]:
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang
+    state: dict[str, Any] = {"launch": False, "patched": set()}  # lang modules patched in this launch
+
+    class _NoPatch:
+        def restore(self) -> None:
+            pass
+
+    def langs_of(fn: Any) -> set[int]:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch_lang(fn: Any) -> Any:
+        langs = langs_of(fn)
+        if state["launch"] and langs <= state["patched"]:
+            return _NoPatch()  # a device call whose language modules this launch has patched already
+        scope = original(fn)
+        if state["launch"]:  # a device call: its patch stays until the launch restores (as in Triton)
+            state["patched"] |= langs
+            return scope
+        state["launch"], state["patched"] = True, set(langs)
+        restore = scope.restore
+
+        def restore_and_end() -> None:
+            state["launch"], state["patched"] = False, set()
+            restore()
+
+        scope.restore = restore_and_end
+        return scope
+
+    interpreter._patch_lang = patch_lang
+
+    def undo() -> None:
+        interpreter._patch_lang = original
+
+    return undo
+
+
+def _install_fast_bf16_widening() -> Callable[[], None]:
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert_float(input: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
+        if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
+            bits = np.frombuffer(input.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
+            return bits.reshape(input.shape)  # uint32 bits, as Triton's returns them (callers view as float32)
+        return original(input, input_dtype, output_dtype, rounding_mode)
+
+    interpreter._convert_float = convert_float
+
+    def undo() -> None:
+        interpreter._convert_float = original
+
+    return undo
+
+
 bf16_dot_fix = _scoped("bf16_dot_fix", _install_bf16_dot)
+fast_bf16_widening = _scoped("fast_bf16_widening", _install_fast_bf16_widening)
+no_device_call_repatch = _scoped("no_device_call_repatch", _install_no_device_call_repatch)
 no_overflow_sanitizer = _scoped("no_overflow_sanitizer", _install_no_overflow_sanitizer)
 int1_mask_fix = _scoped("int1_mask_fix", _install_int1_mask)
 jit_constexprs_fix = _scoped("jit_constexprs_fix", _install_jit_constexprs)
 
-FIXES = (bf16_dot_fix, no_overflow_sanitizer, int1_mask_fix, jit_constexprs_fix)
+FIXES = (bf16_dot_fix, no_overflow_sanitizer, int1_mask_fix, jit_constexprs_fix, no_device_call_repatch,
+         fast_bf16_widening)
 
 
 @contextlib.contextmanager

@@ -66,3 +66,122 @@ def test_compiled_bf16_dot_is_right_without_the_fix():
     with bf16_dot_fix(WHERE) as active:
         assert not active
         assert _run() < 1e-4
+
+
+# ---- the other fixes of interpreter_fixes --------------------------------------------------------
+
+interpreted = pytest.mark.skipif(WHERE != "interpreter", reason="fixes of Triton's interpreter")
+
+
+@interpreted
+def test_fast_bf16_widening_gives_tritons_bits_exactly():
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from pytest_mla.kernels.interpreter import fast_bf16_widening
+
+    g = torch.Generator().manual_seed(5)
+    bits = torch.randint(0, 2**16, (4089,), generator=g, dtype=torch.int32).to(torch.int16)
+    special = torch.tensor([0x7F80, -128, 0x7FC0, 0x0001, -0x7FFF, 0, -0x8000], dtype=torch.int32).to(torch.int16)
+    data = torch.cat([bits, special]).numpy().view(np.uint16).reshape(64, -1)
+    want = interpreter._convert_float(data, tl.bfloat16, tl.float32, None)
+    with fast_bf16_widening() as active:
+        assert active
+        got = interpreter._convert_float(data, tl.bfloat16, tl.float32, None)
+        other = interpreter._convert_float(np.ones(4, dtype=np.uint32), tl.float32, tl.float16, "rtne")
+    exact = torch.from_numpy(data.view(np.int16)).view(torch.bfloat16).float().numpy().view(np.uint32)
+    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), exact)  # torch's exact widening
+    subnormal = (data & 0x7F80) == 0
+    assert np.array_equal(got.view(np.uint32)[~subnormal], want.view(np.uint32)[~subnormal])  # Triton's, elsewhere
+    assert other.dtype == np.uint16  # other conversions are Triton's own
+    assert interpreter._convert_float is not None and not hasattr(interpreter._convert_float, "__wrapped__")
+
+
+if WHERE == "interpreter":
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _scale(x, f):
+        return x * f + tl.zeros_like(x)  # a user helper calling a triton.language helper
+
+    @triton.jit
+    def _helper_kernel(x_ptr, y_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        x = tl.load(x_ptr + offs)
+        for i in range(4):
+            x = _scale(x, 2.0)
+        tl.store(y_ptr + offs, x + tl.full([N], 1.0, tl.float32))
+
+    @triton.jit
+    def _masked_copy(flag_ptr, x_ptr, y_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        flag = tl.load(flag_ptr)  # a bool scalar
+        mask = ~flag | (offs < 4)  # broadcast: held as int8 by the interpreter's splat
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask, other=0.0), mask=mask)
+
+
+@interpreted
+def test_device_calls_reuse_the_launch_patch_with_the_same_result():
+    from triton.runtime import interpreter
+
+    from pytest_mla.kernels.interpreter import no_device_call_repatch
+
+    kernel = _helper_kernel
+    x = torch.randn(16)
+    plain = torch.empty(16)
+    kernel[(1,)](x, plain, N=16)
+    original = interpreter._patch_lang
+    calls = []
+    with no_device_call_repatch() as active:
+        assert active
+        inner = interpreter._patch_lang
+        interpreter._patch_lang = lambda fn: calls.append(fn) or inner(fn)
+        fast = torch.empty(16)
+        kernel[(1,)](x, fast, N=16)
+        kernel[(1,)](x, fast, N=16)  # a second launch patches again and restores
+        interpreter._patch_lang = inner
+    assert interpreter._patch_lang is original
+    assert torch.equal(plain, fast) and torch.allclose(fast, x * 16 + 1)
+    assert len(calls) >= 2
+
+
+@interpreted
+def test_jit_constexprs_fix_matches_the_jit_function():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from pytest_mla.kernels.interpreter import jit_constexprs_fix
+
+    kernel = _helper_kernel
+    assert isinstance(kernel, InterpretedFunction) and not hasattr(kernel, "constexprs")
+    with jit_constexprs_fix():
+        assert kernel.constexprs == [2]  # N
+    assert not hasattr(kernel, "constexprs")
+
+
+@interpreted
+def test_int1_mask_fix_lets_an_int8_held_mask_through():
+    from pytest_mla.kernels.interpreter import int1_mask_fix
+
+    masked_copy = _masked_copy
+    x, flag = torch.arange(16, dtype=torch.float32), torch.tensor([True])
+    y = torch.full((16,), -1.0)
+    try:
+        masked_copy[(1,)](flag, x, y, N=16)
+        needed = False
+    except Exception as exc:  # noqa: BLE001 - Triton wraps it in InterpreterError
+        needed = "mask has unsupported dtype" in str(exc)
+    with int1_mask_fix():
+        y = torch.full((16,), -1.0)
+        masked_copy[(1,)](flag, x, y, N=16)
+    assert torch.equal(y[:4], x[:4]) and bool((y[4:] == -1).all())
+    if not needed:
+        pytest.skip("this Triton's interpreter handles int8-held masks itself: int1_mask_fix may be dropped")
+
+
+def test_interpreter_fixes_do_nothing_on_a_gpu_target():
+    from pytest_mla.kernels.interpreter import interpreter_fixes
+
+    with interpreter_fixes("sm90") as active:
+        assert active == []
