@@ -105,7 +105,7 @@ def mla_cell(request: pytest.FixtureRequest) -> user_cells.MlaCell:
     raise pytest.UsageError(f"{request.node.nodeid}: mla_cell needs @pytest.mark.mla_matrix(\"matrix/x.toml\")")
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outside skipping's wrapper: sees xfail applied
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     if not isinstance(item, CellItem):

@@ -163,3 +163,23 @@ def test_engine_runner_cells_verified_caught_and_found(pytester):
     assert crashes["kernel"]["finding"] is True
     assert crashes["reason"] == ("engine accepted this configuration, but its backend raised ValueError: "
                                  "too many values to unpack (expected 2) in fake_engine:decode_rank")
+
+
+def test_a_known_bug_after_acceptance_is_checked_by_the_kernel(pytester):
+    """An xfail-only rule on accepted cells: the engine's raise is the xfail, a verified kernel the xpass."""
+    from pathlib import Path
+
+    pytester.makepyfile(fake_engine=(Path(__file__).parents[1] / "kernels" / "fake_engine.py").read_text())
+    pytester.makeconftest(ENGINE_CONFTEST)
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90",), engine="own", rules="""
+        [[rule]]
+        when = { dcp = 2 }
+        xfail = "the backend raises under DCP (issue 9)"
+    """).replace('["triton", "flashmla"]', '["good", "crashes"]')
+                      .replace('["none", "eagle-2x2"]', '["eagle-1x3"]').replace("dcp = [1, 2]", "dcp = [2]"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    result.assert_outcomes(xpassed=1, xfailed=1)
+    cells = {c["id"]: c for c in read_report(pytester)["cells"]}
+    assert cells["tiny-mla/good/dcp2/eagle-1x3/sm90"]["verdict"] == "xpass"
+    assert cells["tiny-mla/crashes/dcp2/eagle-1x3/sm90"]["verdict"] == "xfail"
+    assert cells["tiny-mla/crashes/dcp2/eagle-1x3/sm90"]["kernel"]["finding"] is True
