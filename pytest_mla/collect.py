@@ -10,6 +10,7 @@ and ``--mla-shard`` (a pure function of the items and the settings);
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from pathlib import Path
@@ -22,7 +23,7 @@ from .core.errors import MatrixError
 from .core.records import CellRecord, crash_record, kernel_of
 from .core.rules import Expectation
 from .core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, VERIFIED, XFAIL, XPASS
-from .options import DEFAULT_MATRIX_GLOB, MATRIX_OPTION, Settings
+from .options import MATRIX_OPTION, Settings
 from .runner import run_key
 
 #: Attribute of the test report that carries the cell record (plain values) to the controller.
@@ -170,6 +171,42 @@ def select_items(items: Sequence[pytest.Item], settings: Settings) -> tuple[list
             ok = index % settings.shard[1] == settings.shard[0] - 1
         (keep if ok else dropped).append(item)
     return keep, dropped
+
+
+def check_selection(run: Any) -> None:
+    """``--mla-select`` values and ``--mla-arch`` must name values of the matrices' axes: a typo
+    selects nothing and would pass as an empty run. Matrices that do not load are left to
+    collection, which reports them."""
+    settings = run.settings
+    if not settings.select and settings.arch == "auto":
+        return
+    known: dict[str, list[Any]] = {}
+    defaults = {f.name: f.default for f in dataclasses.fields(Cell) if f.default is not dataclasses.MISSING}
+    for file in run.files:
+        try:
+            axes = run.load(file).matrix.axes
+        except MatrixError:
+            continue
+        for axis in {axis for axis, _ in settings.select} | {"arch"}:
+            values = axes.get(axis, (defaults[axis],) if axis in defaults else ())
+            known.setdefault(axis, []).extend(v for v in values if v not in known.get(axis, []))
+    if not known:
+        return
+    wanted = list(settings.select)
+    if settings.arch != "auto":
+        wanted.append(("arch", (settings.arch,)))
+    for axis, values in wanted:
+        option = ("--mla-arch" if axis == "arch" and settings.arch != "auto" and (axis, values) == wanted[-1]
+                  else f"--mla-select {axis}={','.join(str(v) for v in values)}")
+        present = [v for v in known.get(axis, []) if v is not None]
+        which = "any of the matrices" if len(run.files) > 1 else "the matrix"
+        if not present:
+            raise pytest.UsageError(f"{option}: {which} has no {axis} axis")
+        missing = [v for v in values if v not in present]
+        if missing:
+            article = "an" if axis[0] in "aeiou" else "a"
+            raise pytest.UsageError(f"{option}: {', '.join(repr(v) for v in missing)} is not {article} {axis} of "
+                                    f"{which} (known: {', '.join(str(v) for v in present)})")
 
 
 def order_for_workers(items: list[pytest.Item]) -> None:

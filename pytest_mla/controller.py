@@ -41,6 +41,7 @@ class ResultCollector:
         self.interrupted = False
         self.collection_errors: list[str] = []
         self.documents: dict[Path, dict[str, Any]] = {}  # built once in sessionfinish, reused by the summary
+        self.write_failures: list[str] = []  # shown in red by the terminal summary
         self.regressions: list[tuple[str, Any]] = []  # (matrix, Change) against --mla-baseline
         self.kernel_cache: str | None = None  # shared by xdist workers, made on first use
         self.user_tests: dict[tuple[str, str], dict[str, str]] = {}  # (matrix, cell id) → {test: outcome}
@@ -104,26 +105,41 @@ class ResultCollector:
             self.interrupted = True
         if self.run.settings.strict_coverage and self.uncovered() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        report_dir = self.run.settings.report_dir
-        if not report_dir:
-            return
-        out = Path(report_dir)
-        if not out.is_absolute():
-            out = self.config.rootpath / out
+        out = report_folder(self.config, self.run.settings.report_dir)
+        stems = report_stems(self.run)
         for file in self.run.files:
             try:
                 loaded = self.run.load(file)
             except MatrixError:
                 continue  # already reported as a collection error
             document = self.documents[file] = self.document(loaded)
-            if not document["cells"] and not self.records:
-                continue
-            engine = document["run"]["engine"]
-            stem = out / self.run.settings.report_name.format(
-                matrix=loaded.matrix.name, engine=engine["name"], version=engine["version"] or "unavailable")
-            self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
-            markdown = render_files(document, stem, self.run.settings.formats, self.written)
+            markdown = None
+            if out is not None and (document["cells"] or self.records):
+                engine = document["run"]["engine"]
+                stem = out / self.run.settings.report_name.format(
+                    matrix=stems[file], engine=engine["name"], version=engine["version"] or "unavailable")
+                markdown = self.write(document, stem)
             self.gate(session, document, markdown)
+
+    def write(self, document: dict[str, Any], stem: Path) -> str | None:
+        """The result files of one matrix; if the JSON cannot be written there, it goes to a
+        temporary file (the finished cells are never lost) and the summary says where."""
+        try:
+            self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
+        except OSError as exc:
+            fd, fallback = tempfile.mkstemp(prefix=f"pytest-mla-{stem.name}-", suffix=".json")
+            os.close(fd)
+            write_results(fallback, document["run"], document["cells"])
+            self.write_failures.append(f"cannot write {_with_ext(stem, 'json')}: {exc.strerror or exc}; "
+                                       f"the results are in {fallback}")
+            return None
+        try:
+            return render_files(document, stem, self.run.settings.formats, self.written)
+        except OSError as exc:
+            self.write_failures.append(f"cannot write the reports next to {_with_ext(stem, 'json')}: "
+                                       f"{exc.strerror or exc} (render them with: pytest-mla render "
+                                       f"{_with_ext(stem, 'json')})")
+            return None
 
     def uncovered(self) -> dict[str, list[str]]:
         """Matrix file → the MLA-capable backends its engine registers that it does not list."""
@@ -160,14 +176,18 @@ class ResultCollector:
         engine = loaded.engine
         settings = self.run.settings
         info = {
-            "name": loaded.matrix.engine_name,
+            # The adapter's own name; "adapter" keeps what the matrix wrote when that differs
+            # (a "module:attr" string).
+            "name": str(getattr(engine, "name", None) or loaded.matrix.engine_name),
             "version": str(engine.version) if engine is not None else None,
             "described_versions": str(loaded.matrix.engine_versions) if loaded.matrix.engine_versions else "*",
-            "metadata": dict(engine.metadata()) if engine is not None and hasattr(engine, "metadata") else {},
+            "metadata": engine_metadata(engine),
             "unavailable": loaded.skip_reason,
             "assumed_version": loaded.assumed_version,
             "coverage": loaded.coverage,
         }
+        if info["name"] != loaded.matrix.engine_name:
+            info["adapter"] = loaded.matrix.engine_name
         environment = {
             "versions": run_document.versions(),
             "git_commit": run_document.git_commit(self.config.rootpath),
@@ -193,6 +213,16 @@ class ResultCollector:
         terminalreporter.write_sep("=", "mla matrix")
         for text, markup in lines:
             terminalreporter.write_line(text, **markup)
+        for file in self.run.files:
+            try:
+                loaded = self.run.load(file)
+            except MatrixError:
+                continue
+            if loaded.skip_reason:
+                terminalreporter.write_line(f"mla: {self.run.display_path(file)}: every cell skipped: "
+                                            f"{loaded.skip_reason}", yellow=True)
+        for text in self.write_failures:
+            terminalreporter.write_line(f"mla report: {text}", red=True, bold=True)
         if self.run.settings.strict_coverage:
             for shown, names in self.uncovered().items():
                 terminalreporter.write_line(f"--mla-strict-coverage: {shown} does not cover the MLA-capable "
@@ -205,6 +235,81 @@ class ResultCollector:
             return self.document(self.run.load(file))
         except MatrixError:
             return None
+
+
+def report_folder(config: pytest.Config, report_dir: str | None) -> Path | None:
+    if not report_dir:
+        return None
+    out = Path(report_dir)
+    return out if out.is_absolute() else config.rootpath / out
+
+
+def check_report_folder(config: pytest.Config, report_dir: str | None) -> None:
+    """Before the first cell: a report folder that cannot be made or written to is a usage
+    error naming it, not a traceback after every cell has run."""
+    out = report_folder(config, report_dir)
+    if out is None:
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".pytest-mla-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if out.exists() and not out.is_dir():
+            reason = "it is a file, not a folder"
+        raise pytest.UsageError(f"--mla-report-dir: cannot write reports to {out}: {reason}") from None
+
+
+def report_stems(run: MatrixRun) -> dict[Path, str]:
+    """The ``{matrix}`` of each file's report names: its matrix name, or, where two files share
+    a name (``a/x.toml``, ``b/x.toml``), its path with ``-`` for ``/`` (``a-x``, ``b-x``)."""
+    names: dict[Path, str] = {}
+    for file in run.files:
+        try:
+            names[file] = run.load(file).matrix.name
+        except MatrixError:
+            names[file] = file.stem
+    stems = {}
+    for file, name in names.items():
+        if list(names.values()).count(name) > 1:
+            shown = Path(run.display_path(file)).with_suffix("")
+            stems[file] = "-".join(part for part in shown.parts if part not in ("/", "..", "."))
+        else:
+            stems[file] = name
+    return stems
+
+
+def engine_metadata(engine: Any) -> dict[str, Any]:
+    """The adapter's ``metadata()`` as plain JSON values (anything else becomes its ``repr``):
+    a value the JSON encoder cannot take must not lose the finished cells."""
+    if engine is None or not hasattr(engine, "metadata"):
+        return {}
+    try:
+        data = engine.metadata()
+    except Exception as exc:
+        return {"error": f"metadata() raised {type(exc).__name__}: {exc}"}
+    plain = json_safe(data)
+    return plain if isinstance(plain, dict) else {"value": plain}
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    if depth > 20:
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, depth + 1) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((json_safe(v, depth + 1) for v in value), key=repr)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return repr(value)
 
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path]) -> str | None:

@@ -12,12 +12,20 @@ from typing import Any
 
 import pytest
 
-from .core.cells import AXES, INT_AXES, is_arch
+from .core.cells import ARCH_HINT, AXES, INT_AXES, is_arch
 from .core.kernelspec import DCP_MODES
 
 KERNEL_MODES = ("auto", "off")
 MATRIX_OPTION = "--mla-matrix"
 DEFAULT_MATRIX_GLOB = "matrix/*.toml"
+
+
+#: A cell that takes longer has hung: a real engine's start-up steps take well under a
+#: second here, the largest kernel check under the Triton interpreter about 10 s.
+DEFAULT_CELL_TIMEOUT = 600.0
+#: Above this a matrix is almost surely a mistake (an axis pasted twice): 200,000 cells
+#: collect in about 20 s and 500 MB.
+DEFAULT_MAX_CELLS = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +47,8 @@ class Settings:
     #: ``--mla-assume-version``: (engine name or None for every engine, version) pairs.
     assume_versions: tuple[tuple[str | None, str], ...] = ()
     strict_coverage: bool = False
+    cell_timeout: float | None = DEFAULT_CELL_TIMEOUT  # None: unbounded
+    max_cells: int = DEFAULT_MAX_CELLS
 
     def assumed_version(self, engine: str) -> str | None:
         """The version whose rules apply to ``engine``'s matrices instead of the installed one's."""
@@ -86,6 +96,12 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--mla-strict-coverage", action="store_true", default=None,
                     help="fail the session when the engine registers MLA-capable backends that a matrix "
                          "does not list (ini: mla_strict_coverage).")
+    group.addoption("--mla-cell-timeout", default=None, metavar="SECONDS",
+                    help=f"end a cell that runs longer (engine configure or kernel check) as verdict error; "
+                         f"0: no limit (default {DEFAULT_CELL_TIMEOUT:g}; ini: mla_cell_timeout).")
+    group.addoption("--mla-max-cells", default=None, metavar="N",
+                    help=f"stop at collection when a matrix expands to more than N cells "
+                         f"(default {DEFAULT_MAX_CELLS}; ini: mla_max_cells).")
     group.addoption("--mla-baseline", default=None, metavar="OLD.json",
                     help="compare with an earlier result file and fail the session on regressions.")
     parser.addini("mla_matrix_files", type="linelist", default=[DEFAULT_MATRIX_GLOB],
@@ -96,6 +112,8 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("mla_kernel", default="auto", help="default of --mla-kernel")
     parser.addini("mla_dcp_mode", default="in-process", help="default of --mla-dcp-mode")
     parser.addini("mla_arch", default="auto", help="default of --mla-arch")
+    parser.addini("mla_cell_timeout", default=str(DEFAULT_CELL_TIMEOUT), help="default of --mla-cell-timeout")
+    parser.addini("mla_max_cells", default=str(DEFAULT_MAX_CELLS), help="default of --mla-max-cells")
     parser.addini("mla_strict_coverage", type="bool", default=False, help="default of --mla-strict-coverage")
 
 
@@ -125,6 +143,8 @@ def read_settings(config: pytest.Config) -> Settings:
         strict_coverage=bool(_opt(config, "--mla-strict-coverage", "mla_strict_coverage")),
         dcp_timeout=parse_timeout(timeout, "--mla-dcp-timeout") if timeout else 120.0,
         report_name=parse_report_name(_opt(config, "--mla-report-name", "mla_report_name")),
+        cell_timeout=parse_cell_timeout(_opt(config, "--mla-cell-timeout", "mla_cell_timeout")),
+        max_cells=parse_max_cells(_opt(config, "--mla-max-cells", "mla_max_cells")),
     )
 
 
@@ -182,7 +202,7 @@ def parse_choice(text: str, choices: tuple[str, ...], option: str) -> str:
 
 def parse_arch(text: str, option: str = "--mla-arch") -> str:
     if text != "auto" and not is_arch(text):
-        raise pytest.UsageError(f"{option}: expected 'auto' or an arch such as sm90, got {text!r}")
+        raise pytest.UsageError(f"{option}: unknown arch {text!r}: 'auto', or {ARCH_HINT.removeprefix('expected ')}")
     return text
 
 
@@ -216,6 +236,27 @@ def parse_timeout(text: str, option: str) -> float:
         raise pytest.UsageError(f"{option}: expected seconds, got {text!r}") from None
     if value <= 0:
         raise pytest.UsageError(f"{option}: expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_cell_timeout(text: str, option: str = "--mla-cell-timeout") -> float | None:
+    """Seconds, or None for ``0`` (no limit)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}") from None
+    if value < 0 or value != value:
+        raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}")
+    return value or None
+
+
+def parse_max_cells(text: str, option: str = "--mla-max-cells") -> int:
+    try:
+        value = int(str(text).replace("_", "").replace(",", ""))
+    except ValueError:
+        raise pytest.UsageError(f"{option}: expected a positive number of cells, got {text!r}") from None
+    if value <= 0:
+        raise pytest.UsageError(f"{option}: expected a positive number of cells, got {text!r}")
     return value
 
 

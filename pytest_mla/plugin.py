@@ -20,7 +20,7 @@ import pytest
 from . import collect, user_cells
 from .collect import RECORD_ATTR, CellItem, MatrixFile
 from .core.errors import MatrixError
-from .core.host import probe_host, worker_gpu
+from .core.host import kernel_dependencies_missing, probe_host, worker_gpu
 from .options import MATRIX_OPTION, add_options, read_settings
 from .runner import MatrixRun, run_key
 
@@ -53,17 +53,55 @@ def pytest_configure(config: pytest.Config) -> None:
     run = MatrixRun(config, settings, files)
     config.stash[run_key] = run
     if is_controller(config):
-        from .controller import ResultCollector
+        from .controller import ResultCollector, check_report_folder
 
+        collect.check_selection(run)
+        check_report_folder(config, settings.report_dir)
         if settings.baseline:
-            from .report.results import ResultFileError, read_results
-
-            try:
-                run.baseline = read_results(settings.baseline)
-            except ResultFileError as exc:
-                raise pytest.UsageError(f"--mla-baseline: {exc}") from None
-
+            run.baseline = read_baseline(run, settings.baseline)
         config.pluginmanager.register(ResultCollector(config, run), "mla-results")
+        stop_on_sigterm(config)
+
+
+def read_baseline(run: MatrixRun, path: str) -> dict[str, Any]:
+    """The ``--mla-baseline`` document; it must be a result of one of this run's matrices."""
+    from .report.results import ResultFileError, read_results
+
+    try:
+        baseline = read_results(path)
+    except ResultFileError as exc:
+        raise pytest.UsageError(f"--mla-baseline: {exc}") from None
+    names = []
+    for file in run.files:
+        try:
+            names.append(run.load(file).matrix.name)
+        except MatrixError:
+            continue  # reported at collection
+    old = baseline["run"].get("matrix")
+    if names and old not in names:
+        raise pytest.UsageError(f"--mla-baseline: {path} is a result of matrix {old!r}, not of "
+                                f"{' or '.join(repr(n) for n in names)}: compare runs of the same matrix")
+    return baseline
+
+
+def stop_on_sigterm(config: pytest.Config) -> None:
+    """SIGTERM (a cancelled CI job, a polite OOM killer) ends the session like Ctrl-C: the
+    finished cells are written with ``complete: false``. A handler someone else installed stays."""
+    import signal
+    import threading
+
+    if not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        raise KeyboardInterrupt(f"SIGTERM (signal {signum})")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                       if signal.getsignal(signal.SIGTERM) is interrupt else None)
 
 
 def pin_worker_gpu(config: pytest.Config) -> None:
@@ -127,8 +165,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     gpu = f" ({host['gpu']})" if host.get("gpu") else ""
     mode = "interpreter (TRITON_INTERPRET=1)" if host["arch"] == "cpu" or os.environ.get("TRITON_INTERPRET") == "1" \
         else "compiled"
-    lines = [f"mla: host {host['arch']}{gpu}; triton {mode}; kernel checks {run.settings.kernel}; "
-             f"dcp mode {run.settings.dcp_mode}"]
+    missing = kernel_dependencies_missing() if run.settings.kernel != "off" else None
+    kernels = f"unavailable: {missing}" if missing else run.settings.kernel
+    triton = "" if missing else f"triton {mode}; "
+    lines = [f"mla: host {host['arch']}{gpu}; {triton}kernel checks {kernels}; dcp mode {run.settings.dcp_mode}"]
     for file in run.files:
         try:
             loaded = run.load(file)
@@ -139,7 +179,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             lines.append(f"mla: {run.display_path(file)}: cannot be loaded ({type(exc).__name__}; see errors)")
             continue
         eng = loaded.engine
-        engine = f"{loaded.matrix.engine_name} {eng.version}" if eng is not None else \
+        engine = f"{getattr(eng, 'name', None) or loaded.matrix.engine_name} {eng.version}" if eng is not None else \
             f"{loaded.matrix.engine_name} (unavailable)"
         if loaded.assumed_version is not None:
             engine += f" (rules of {loaded.assumed_version})"

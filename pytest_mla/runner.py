@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from .core.cells import Cell
+from .core.deadline import CellTimeout, Deadline
 from .core.errors import MatrixError, Problem
+from .core.host import kernel_dependencies_missing
 from .core.matrix import Matrix, load_matrix
 from .core.models import ModelConfig, ModelConfigError
 from .core.records import CellRecord, KernelResult, new_record, not_run
 from .core.rules import Expectation
-from .core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
+from .core.verdicts import ACCEPTED, CRASHED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
 from .engines.protocol import AdapterError, Configured, Engine, KernelSpec
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
 from .options import Settings
@@ -79,7 +81,8 @@ class MatrixRun:
         path = path.resolve()
         if path not in self._loaded:
             shown = self.display_path(path)
-            matrix = load_matrix(path, extra_models=self.extra_models(), display_path=shown)
+            matrix = load_matrix(path, extra_models=self.extra_models(), display_path=shown,
+                                 max_cells=self.settings.max_cells)
             engine, reason = self.engine(matrix)
             loaded = LoadedMatrix(matrix, engine, reason, self.settings.assumed_version(matrix.engine_name))
             if engine is not None:
@@ -118,12 +121,27 @@ class MatrixRun:
         if expect.kind == SKIP:  # a `skip = "reason"` rule: the configuration does not apply; never ask the engine
             record.update(verdict=SKIP, reason=expect.reason)
             return _timed(record, start)
+        deadline = Deadline(self.settings.cell_timeout)
+        try:
+            with deadline:
+                self._run_engine_and_kernel(loaded, cell, expect, record, deadline)
+        except CellTimeout as exc:
+            record.update(verdict=ERROR, reason=f"{exc} (--mla-cell-timeout)")
+            if record.get("outcome") is None:
+                record["outcome"] = Outcome.from_exception(exc, crashed=True).as_dict()
+        return _timed(record, start)
+
+    def _run_engine_and_kernel(self, loaded: LoadedMatrix, cell: Cell, expect: Expectation,
+                               record: CellRecord, deadline: Deadline) -> None:
         engine = loaded.engine
+        assert engine is not None
         model = loaded.matrix.model(cell)
         configured: Configured | None = None
         try:
             configured = engine.configure(cell, model)
-            outcome = Outcome(ACCEPTED, backends=dict(configured.backends))
+            outcome = protocol_outcome(engine, configured) or Outcome(ACCEPTED, backends=dict(configured.backends))
+            if outcome.kind != ACCEPTED:
+                configured = None
         except AdapterError as exc:  # the adapter's own failure: never reported as the engine's refusal
             outcome = Outcome.from_exception(exc, crashed=True)
             record["traceback"] = "".join(traceback.format_exception(exc, limit=-8))
@@ -137,13 +155,13 @@ class MatrixRun:
         if configured is not None and configured.notes:
             record["notes"] = list(configured.notes)
         if configured is not None:
+            deadline.phase = "the kernel check"
             kernel = self.kernel_check(loaded.matrix, cell, model, configured, run=verdict == PASS)
             record["kernel"] = kernel
             if kernel["status"] == KERNEL_FAILED:
                 verdict = ERROR if kernel.get("crashed") else FAIL
                 reason = kernel.get("message") or "kernel out of tolerance"
         record.update(verdict=verdict, reason=reason)
-        return _timed(record, start)
 
     # -- kernels -------------------------------------------------------------------------
     def kernel_check(self, matrix: Matrix, cell: Cell, model: ModelConfig, configured: Configured,
@@ -154,6 +172,9 @@ class MatrixRun:
             return not_run("the engine's answer did not match the expectation")
         if self.settings.kernel == "off":
             return not_run("kernel checks disabled (--mla-kernel=off)")
+        missing = kernel_dependencies_missing()
+        if missing:  # no kernel of any kind can run here
+            return not_run(missing)
         if spec is None:
             return not_run(configured.kernel_reason or "the engine declares no decode kernel for this backend")
         where = self.kernel_target()
@@ -207,6 +228,15 @@ class MatrixRun:
 
             self._host_kernel_target = _mode.ensure_triton_mode()
         return self._host_kernel_target
+
+
+def protocol_outcome(engine: Engine, configured: Any) -> Outcome | None:
+    """The adapter error of a ``configure()`` that broke the protocol (None: it kept it)."""
+    if isinstance(configured, Configured):
+        return None
+    message = (f"{type(engine).__name__}.configure() must return pytest_mla.engines.protocol.Configured "
+               f"(or raise the engine's refusal), got {type(configured).__name__}")
+    return Outcome(CRASHED, "AdapterError", message)
 
 
 def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout_s: float) -> KernelResult:

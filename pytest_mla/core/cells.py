@@ -24,7 +24,12 @@ OPTIONAL_AXES = ("kv_dtype", "page_size", "tp")
 AXES = REQUIRED_AXES + OPTIONAL_AXES
 INT_AXES = frozenset({"dcp", "page_size", "tp"})
 
-_ARCH = re.compile(r"^(sm\d+[a-z]?|gfx[0-9a-f]+)$")
+#: NVIDIA compute capabilities (``sm90``; an ``a``/``f`` suffix for arch-specific builds) and
+#: AMD GFX targets (``gfx90a``, ``gfx942``, ``gfx1100``). A typo such as ``sm9x`` or ``sm95``
+#: is an error, not an arch no cell would ever run on.
+NVIDIA_SMS = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+_SM = re.compile(r"^sm(\d+)([af]?)$")
+_GFX = re.compile(r"^gfx(\d{2}|\d{3})[0-9a-f]$")
 
 
 class CellIdError(ValueError):
@@ -149,5 +154,12 @@ def expand_cells(axes: Mapping[str, Sequence[Any]]) -> Iterable[Cell]:
         yield Cell(**dict(zip(order, values)))
 
 
+ARCH_HINT = ("expected an NVIDIA arch sm" + "/".join(str(n) for n in NVIDIA_SMS)
+             + " (optionally with an a or f suffix: sm90a), or an AMD target such as gfx90a, gfx942, gfx1100")
+
+
 def is_arch(text: str) -> bool:
-    return bool(_ARCH.match(text))
+    sm = _SM.match(text)
+    if sm:
+        return int(sm.group(1)) in NVIDIA_SMS
+    return bool(_GFX.match(text))

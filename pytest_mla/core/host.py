@@ -56,6 +56,26 @@ def probe_host() -> dict[str, Any]:
     return info
 
 
+#: Why kernel checks cannot run in a validation-only install.
+KERNELS_MISSING = "torch/triton not installed (pip install 'pytest-mla[kernels]')"
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_dependencies_missing() -> str | None:
+    """``KERNELS_MISSING`` when torch or triton cannot be imported here, else None.
+
+    ``find_spec`` looks for the packages without importing them (cheap)."""
+    import importlib.util
+
+    for name in ("torch", "triton"):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return KERNELS_MISSING
+        except (ImportError, ValueError):
+            return KERNELS_MISSING
+    return None
+
+
 def worker_gpu(workerid: str, gpus: int) -> str | None:
     """The ``CUDA_VISIBLE_DEVICES`` of xdist worker ``gwN`` on a host with ``gpus`` GPUs (None: leave it)."""
     if gpus > 1 and workerid.startswith("gw") and workerid[2:].isdigit():

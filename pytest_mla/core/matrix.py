@@ -13,6 +13,7 @@ feature tables and list them under "Input validation".
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -22,7 +23,7 @@ from typing import Any, Iterator, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .cells import AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, is_arch
+from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, is_arch
 from .errors import MatrixError, Problem
 from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
 from .rules import (
@@ -90,8 +91,11 @@ def _as_version(v: str | Version | None) -> Version | None:
 
 
 def load_matrix(path: str | os.PathLike[str], *, extra_models: Mapping[str, ModelConfig] | None = None,
-                display_path: str | None = None) -> Matrix:
-    """Read and validate a matrix file; raise ``MatrixError`` listing every problem."""
+                display_path: str | None = None, max_cells: int | None = None) -> Matrix:
+    """Read and validate a matrix file; raise ``MatrixError`` listing every problem.
+
+    ``max_cells``: a matrix that expands to more cells is an error (checked before
+    anything walks its cells)."""
     path = Path(path)
     shown = display_path or os.fspath(path)
     try:
@@ -110,12 +114,14 @@ def load_matrix(path: str | os.PathLike[str], *, extra_models: Mapping[str, Mode
         msg = getattr(exc, "msg", None) or re.sub(r"\s*\(at line \d+, column \d+\)$", "", str(exc))
         where = f" (column {col})" if col else ""
         raise MatrixError(shown, [Problem("", f"invalid TOML: {msg}{where}", line)]) from None
-    builder = _Builder(shown, LineIndex(text), extra_models or {})
+    builder = _Builder(shown, LineIndex(text), extra_models or {}, max_cells)
     return builder.build(data, name=path.stem)
 
 
 class _Builder:
-    def __init__(self, file: str, lines: LineIndex, extra_models: Mapping[str, ModelConfig]) -> None:
+    def __init__(self, file: str, lines: LineIndex, extra_models: Mapping[str, ModelConfig],
+                 max_cells: int | None = None) -> None:
+        self.max_cells = max_cells
         self.file = file
         self.lines = lines
         self.extra_models = extra_models
@@ -136,6 +142,13 @@ class _Builder:
         engine_name, engine_versions = self.engine(data.get("engine", {}))
         models = self.models(data.get("models", {}))
         axes = self.axes(data.get("axes"), models)
+        if axes is not None and self.max_cells is not None:
+            size = math.prod(len(values) for values in axes.values())
+            if size > self.max_cells:
+                shape = " x ".join(f"{len(v)} {a}" for a, v in axes.items())
+                self.problem(("axes",), f"the matrix expands to {size:,} cells ({shape}), above "
+                                        f"--mla-max-cells={self.max_cells:,}: narrow the axes, or raise the limit")
+                raise MatrixError(self.file, self.problems)
         kernel_dtype, seed = self.kernel(data.get("kernel", {}))
         probes = self.probes(data.get("probes", {}), axes) if axes is not None else {}
         rules = self.rules(data.get("rule", []), axes) if axes is not None else ()
@@ -267,7 +280,7 @@ class _Builder:
             except SpecError as exc:
                 return str(exc)
         if axis == "arch" and not is_arch(value):
-            return f"unknown arch {value!r} (expected smNN such as sm90, or gfxNNN)"
+            return f"unknown arch {value!r} ({ARCH_HINT})"
         return None
 
     # -- probes -------------------------------------------------------------------

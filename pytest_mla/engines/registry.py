@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from ..core.targets import TargetError, import_target
 from .protocol import Engine
 
 BUILTIN_ENGINES = {
@@ -31,24 +31,20 @@ def load_engine(name: str, extra: dict[str, Any] | None = None) -> Engine:
     if ":" not in target:
         known = sorted(set(BUILTIN_ENGINES) | set(extra or {}))
         raise EngineNotFoundError(f"unknown engine {name!r} (known: {', '.join(known)}; or 'module:attr')")
-    module_name, _, attr = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        factory = import_target(target)
+    except TargetError as exc:
+        raise EngineNotFoundError(f"engine {name!r}: {exc}") from None
     except ImportError as exc:
-        if name in BUILTIN_ENGINES or _is_missing(exc, module_name):
+        module_name = target.partition(":")[0]
+        if name in BUILTIN_ENGINES:  # an optional engine (sglang, vllm) that is not installed here
             raise EngineUnavailableError(f"engine {name!r} is not available here: {exc}") from exc
-        raise
-    try:
-        factory = getattr(module, attr)
-    except AttributeError:
-        raise EngineNotFoundError(f"engine {name!r}: module {module_name!r} has no attribute {attr!r}") from None
+        # A module:attr the user wrote: a mistake to report, not an engine to skip.
+        raise EngineNotFoundError(f"engine {name!r}: cannot import module {module_name!r}: "
+                                  f"{type(exc).__name__}: {exc}") from None
     engine = factory() if isinstance(factory, type) or callable(factory) else factory
     for needed in ("name", "version", "configure"):
         if not hasattr(engine, needed):
             raise EngineNotFoundError(f"engine {name!r} ({target}) lacks {needed!r}: not an Engine adapter")
     return engine
 
-
-def _is_missing(exc: ImportError, module_name: str) -> bool:
-    missing = getattr(exc, "name", None) or ""
-    return bool(missing) and (module_name == missing or module_name.startswith(missing + "."))

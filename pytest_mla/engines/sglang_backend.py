@@ -48,12 +48,6 @@ an exception raised by SGLang once it computes is a finding (the harness's
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib.metadata
-import inspect
-import os
-import threading
-import types
 from typing import Any, Iterator, Mapping
 
 from ..core.errors import AdapterError

@@ -22,7 +22,6 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..core.errors import AdapterError
 from .sglang_support import STUBS, adapter_error, make_dataclass
 
 __all__ = ["Engine", "RankSetup", "adapter_error", "load_engine"]
@@ -561,7 +560,7 @@ class RankSetup:
             else:
                 out = self.layer(q.reshape(b * s_q, -1), k_new.reshape(b * s_q, -1), v_new.reshape(b * s_q, -1),
                                  self.forward_batch)
-                functions = (f"sglang.srt.layers.radix_attention:RadixAttention.forward",)
+                functions = ("sglang.srt.layers.radix_attention:RadixAttention.forward",)
         out = out.reshape(b, s_q, h1 - h0, inputs.head_dim_v)
         result = torch.empty_like(out)
         for i in range(b):

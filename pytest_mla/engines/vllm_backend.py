@@ -41,7 +41,6 @@ import math
 import os
 import re
 import threading
-import types
 from typing import Any, Iterator, Mapping
 
 PACKAGE = "vllm"
@@ -708,9 +707,7 @@ def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     h_kv = inputs.kv_cache.shape[2]
     config = _gqa_config(engine, options)
     config.model_config.dtype = inputs.q.dtype
-    where = "interpreter" if device.type == "cpu" else device.type
-    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), None), \
-            int1_mask_fix(where), jit_constexprs_fix(where):
+    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), None):
         layer = Attention(num_heads=h, head_size=d, scale=inputs.softmax_scale, num_kv_heads=h_kv,
                           cache_config=config.cache_config, prefix=LAYER_NAME, attn_backend=TritonAttentionBackend)
         if inputs.kv_scale is not None:

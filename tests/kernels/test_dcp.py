@@ -202,10 +202,12 @@ def test_hung_rank_times_out_and_leaves_nothing():
     x = gen_case(2, 1, "none", seed=23)
     timeout = 12.0
     start = time.monotonic()
-    with pytest.raises(DcpTimeoutError, match=r"still in the kernel: \[1\]"):
+    # Under load rank 0 may still be starting up when the time is up: it is then "in the kernel"
+    # too. Rank 1 always is, and every rank is killed.
+    with pytest.raises(DcpTimeoutError, match=r"did not finish within 12 s \(still in the kernel: \[(0, )?1\]\); killed"):
         run_distributed(f"{__name__}:hang_on_rank1", x, 2, 1, merge="pytest_mla.kernels.reference:ref_merge",
                         timeout_s=timeout)
-    assert time.monotonic() - start < timeout + 10
+    assert time.monotonic() - start < timeout + 60  # the bound holds (not a speed check: rank 1 sleeps an hour)
     assert live_rank_processes() == []
 
 

@@ -108,9 +108,9 @@ EXPECTED_NOTES = [
     "ValueError: trtllm\\_mla backend can only be used with MLA models.",
 ]
 EXPECTED_PROBES = [
-    ["backend = bogus", "24", "with DCP 0", f"❌ ValueError: dcp\\_size must be &gt;= 1, got 0."],
+    ["backend = bogus", "24", "with DCP 0", "❌ ValueError: dcp\\_size must be &gt;= 1, got 0."],
     ["", "48", "with DCP 1 or 2", f"❌ ValueError: {MSG_BOGUS}"],
-    ["dcp = 0", "96", "", f"❌ ValueError: dcp\\_size must be &gt;= 1, got 0."],
+    ["dcp = 0", "96", "", "❌ ValueError: dcp\\_size must be &gt;= 1, got 0."],
 ]
 
 
