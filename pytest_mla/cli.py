@@ -1,4 +1,4 @@
-"""The ``pytest-mla`` command: render, merge, diff, check and explain result files and matrices.
+"""The ``pytest-mla`` command: render, merge, diff, check, explain and suggest.
 
 Exit codes: 0 fine; 1 the answer is "no" (conflicts, a regression, a stale
 document); 2 the input is unusable (unreadable, not a result file, another
@@ -305,6 +305,33 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_suggest(args: argparse.Namespace) -> int:
+    from .report.suggest import as_patch, as_text, suggest
+
+    document = _read(args.result)
+    suggestions = suggest(document)
+    if not suggestions:
+        print(f"{PROG} suggest: nothing to suggest: no cell of {args.result} failed because the engine "
+              "answered otherwise than its matrix says", file=sys.stderr)
+        return 0
+    matrix_path = args.matrix or document["run"].get("matrix_file")
+    text = None
+    if args.format == "patch" and matrix_path:
+        try:
+            text = Path(matrix_path).read_text(encoding="utf-8-sig")
+        except OSError as exc:
+            if args.matrix:
+                raise CliError(f"--matrix {args.matrix}: cannot read: {exc.strerror or exc}") from None
+            print(f"{PROG} suggest: {matrix_path} (the result's matrix file) cannot be read here; printing the "
+                  "rules with where they go (--matrix PATH gives a patch)", file=sys.stderr)
+    cells = sum(len(s.cells) for s in suggestions)
+    print(f"{PROG} suggest: {len(suggestions)} rule(s) for {cells} failing cell(s); review before applying "
+          "(nothing was changed)", file=sys.stderr)
+    _write(as_patch(suggestions, text, os.fspath(matrix_path)) if text is not None else as_text(suggestions),
+           args.output)
+    return 0
+
+
 def _model_fields() -> Sequence[str]:
     from .core.models import MODEL_FIELDS
 
@@ -314,7 +341,7 @@ def _model_fields() -> Sequence[str]:
 # -- parser ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Render, merge, diff and check pytest-mla result files; "
-                                "explain how a matrix decides a cell.")
+                                "explain how a matrix decides a cell; suggest the rule edits a failing run calls for.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("render", help="render a result file as Markdown, HTML, JSON or terminal text",
@@ -364,6 +391,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cols", metavar="AXES", help="column axes the document was rendered with (default: its banner)")
     c.set_defaults(func=cmd_check)
 
+    s = sub.add_parser("suggest", help="the rule edits that would make a matrix describe what the engine did",
+                       description="For the cells of RESULT.json that failed because the engine answered "
+                                   "otherwise than the matrix says, print [[rule]] tables (exact messages, the "
+                                   "smallest `when` covering each group of cells) as a unified diff of the "
+                                   "matrix file, for a person to review. Nothing is written to the matrix.")
+    s.add_argument("result", metavar="RESULT.json", help="a result file, or - for standard input")
+    s.add_argument("--matrix", metavar="MATRIX.toml", default=None,
+                   help="the matrix file to patch (default: the result's run.matrix_file)")
+    s.add_argument("--format", "-f", choices=("patch", "rules"), default="patch",
+                   help="patch: a unified diff of the matrix (default); rules: the rules and where they go")
+    s.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
+    s.set_defaults(func=cmd_suggest)
+
     e = sub.add_parser("explain", help="which rule of a matrix decides a cell, and why",
                        description="Try each rule of MATRIX.toml in order against CELL_ID "
                                    "(model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN]), showing each predicate "
@@ -397,3 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["main", "build_parser"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,8 @@
 # passed); a release without a lock file still builds, unpinned, with a warning. A stamp file
 # records the pins; a venv whose stamp matches is reused as is, so a rerun only runs the matrices.
 # Reports: reports/NAME-VERSION.{json,md,html} (e.g. reports/sglang-0.5.23.*).
+# Environment: MLA_CONFORMANCE_KERNEL=auto|off (default auto: run the engines' own kernels),
+# MLA_CONFORMANCE_JOBS (pytest -n, default 2), MLA_REPORT_DIR (default reports).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,6 +32,9 @@ TORCH_PIN="torch==2.13.0"
 TRITON_PIN="triton==3.9.0"
 HARNESS_DEPS="pytest>=8.1 packaging>=23 tabulate>=0.9 pytest-xdist>=3.5"
 JOBS="${MLA_CONFORMANCE_JOBS:-2}"  # pytest -n: cells (and their kernel checks) over this many workers
+# auto: accepted cells run the engine's own kernels (its Triton backends under the interpreter
+# here, every backend on a GPU); off: validation only.
+KERNEL="${MLA_CONFORMANCE_KERNEL:-auto}"
 # Import-time dependencies of the engines (shared/reference/*.md), pure Python or CPU wheels.
 SGLANG_DEPS="numpy orjson psutil pybase64 requests packaging pillow fastapi msgspec pyzmq tqdm \
 ipython aiohttp transformers dill sentencepiece loguru gguf openai partial_json_parser einops \
@@ -164,7 +169,7 @@ run_matrix() {
   local rc=0
   "$dir/bin/python" -m pytest -p no:cacheprovider -q --no-header -rN \
     --rootdir "$ROOT" -c /dev/null \
-    --mla-matrix="$matrix" --mla-kernel=off -n "$JOBS" \
+    --mla-matrix="$matrix" --mla-kernel="$KERNEL" -n "$JOBS" \
     --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' || rc=$?
   echo "conformance: $matrix with $dir: exit $rc in $(elapsed "$t0")s"
   return $rc

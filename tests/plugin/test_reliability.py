@@ -28,7 +28,10 @@ class Misbehaving:
                 pass
         if cell.backend == "sigterm" and cell.arch == "sm100":
             # The signal goes to the controller, as a CI runner sends it (under xdist: the parent).
-            os.kill(os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid(), signal.SIGTERM)
+            to_parent = os.path.exists(os.path.join(os.path.dirname(__file__), "kill-the-parent"))
+            if to_parent:
+                time.sleep(2)  # let the other worker's finished cells reach the controller first
+            os.kill(os.getppid() if to_parent else os.getpid(), signal.SIGTERM)
             time.sleep(30)
         if cell.backend == "dict":
             return {"decode": "dict"}
@@ -149,6 +152,8 @@ def test_sigterm_writes_the_finished_cells_like_ctrl_c(bad, workers):
     if workers:
         pytest.importorskip("xdist")
     bad.makefile(".toml", m=_matrix(["lenient", "sigterm", "late"]))
+    if workers:
+        (bad.path / "kill-the-parent").write_text("")
     result = bad.runpytest_subprocess("--mla-matrix=m.toml", *workers, timeout=120)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     doc = read_report(bad)
