@@ -401,6 +401,9 @@ def _dense_rows(cache: Any, block_table: Any, i: int, n: int) -> Any:
 
 def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """One DCP rank of vLLM's TRITON_MLA decode / chain verify; its heads after vLLM's merge."""
+    # The engine (its faked platform) first: vLLM's backend modules bind ``current_platform``
+    # when imported, and a distributed rank process imports them here for the first time.
+    engine = prepare_process()
     import torch
     from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -409,7 +412,6 @@ def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
 
     from ..kernels.engine_runner import EngineCannotRun, RankResult
 
-    engine = prepare_process()
     world, rank = ctx.world, ctx.rank
     device = inputs.q.device
     b, s_q, h, d_qk = inputs.q.shape
@@ -692,6 +694,7 @@ def _gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
 
 def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """vLLM's TRITON_ATTN (``TritonAttentionImpl.forward``: ``unified_attention``) for a GQA model, no DCP."""
+    engine = prepare_process()  # before vLLM's modules bind ``current_platform`` (see run_triton_mla)
     import torch
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -701,7 +704,6 @@ def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
 
     if ctx.world != 1:
         raise ValueError("vllm runner: TRITON_ATTN has no DCP (its impl has supports_dcp = False)")
-    engine = prepare_process()
     device = inputs.q.device
     b, s_q, h, d = inputs.q.shape
     h_kv = inputs.kv_cache.shape[2]

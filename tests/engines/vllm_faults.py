@@ -77,9 +77,11 @@ def injected(fault: str) -> Iterator[None]:
         return
     import importlib
 
-    from pytest_mla.engines.vllm_backend import prepare_process
+    from pytest_mla.engines import vllm_backend
+    from pytest_mla.engines.vllm import VLLMEngine
 
-    prepare_process()  # the Triton mode and the engine's import, as the runner does
+    vllm_backend.adopt_factory(VLLMEngine)  # a rank process has no engine yet: make it as the runner would
+    vllm_backend.prepare_process()  # the Triton mode and the engine's import, as the runner does
     module_name, attr, make = FAULTS[fault]
     importlib.import_module("vllm.v1.attention.backends.mla.triton_mla")
     module = importlib.import_module(module_name)
@@ -137,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     for scenario in args.scenarios:
         fault, _, case_id = scenario.partition(":")
         if args.dcp_mode == "distributed":
+            # no fault: the adapter's own target, as a matrix run starts it in each rank process
             os.environ[FAULT_ENV] = fault
-            record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=True)
+            record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=fault != "none")
         else:
             with injected(fault):
                 record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=False)
