@@ -87,17 +87,17 @@ def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
     cells = {c["id"]: c for c in json.loads(next(tmp_path.glob("sglang-*.json")).read_text())["cells"]}
     for kv in ("auto", "fp8_e5m2"):
         for spec in ("none", "eagle-4x3"):
-            ok = cells[f"deepseek-v2-lite/triton/dcp1/{spec}/sm90/{kv}"]
+            ok = cells[f"deepseek-v2-lite/triton/dcp1/{spec}/sm90/kv-{kv}"]
             assert ok["verdict"] == "pass" and ok["kernel"]["status"] == "verified", ok
             assert ok["kernel"]["level"] == "backend"
             assert ok["kernel"]["function"].startswith("sglang.srt.layers.attention.triton_backend:TritonAttnBackend")
-            bug = cells[f"deepseek-v2-lite/triton/dcp4/{spec}/sm90/{kv}"]
+            bug = cells[f"deepseek-v2-lite/triton/dcp4/{spec}/sm90/kv-{kv}"]
             assert bug["verdict"] == "xfail" and bug["kernel"]["status"] == "failed", bug
             assert bug["kernel"]["finding"] and "backend raised" in bug["kernel"]["message"], bug
-    fallback = cells["deepseek-v2-lite/fa3/dcp1/none/sm90/fp8_e5m2"]  # SGLang resolves fa3 + fp8_e5m2 to triton
+    fallback = cells["deepseek-v2-lite/fa3/dcp1/none/sm90/kv-fp8_e5m2"]  # SGLang resolves fa3 + fp8_e5m2 to triton
     assert fallback["kernel"]["status"] == "verified" and fallback["kernel"]["reused"], fallback
     for backend in ("fa3", "flashmla"):
-        gpu = cells[f"deepseek-v2-lite/{backend}/dcp1/none/sm90/auto"]
+        gpu = cells[f"deepseek-v2-lite/{backend}/dcp1/none/sm90/kv-auto"]
         assert gpu["kernel"]["status"] == "not-run", gpu
         assert gpu["kernel"]["reason"].startswith(f"SGLang's {backend} backend runs on a CUDA sm90 GPU with "), gpu
 
