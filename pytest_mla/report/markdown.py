@@ -240,6 +240,10 @@ def _header(model: ReportModel) -> list[str]:
         on = f" (ran on {', '.join(md_text(w) for w in where)})" if where else ""
         lines.append(f"- decode kernels: {kernels.get('verified', 0)} verified, {kernels.get('failed', 0)} failed, "
                      f"{kernels.get('not-run', 0)} not run{on}")
+    uncovered = model.uncovered()
+    if uncovered:
+        lines.append(f"- not covered by the matrix: {len(uncovered)} MLA-capable backends the engine registers "
+                     f"({', '.join(md_text(name) for name in uncovered)})")
     sources = run.get("merged_from")
     if sources:
         hosts = sorted({md_text((s.get("host") or {}).get("arch") or "?") for s in sources})

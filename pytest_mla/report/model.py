@@ -253,6 +253,11 @@ class ReportModel:
         state = self.states.get(id(record))
         return state if state is not None else cell_state(record)
 
+    def uncovered(self) -> list[str]:
+        """MLA-capable backends the engine registers that the matrix does not list (``engine.coverage``)."""
+        coverage = (self.run.get("engine") or {}).get("coverage") or {}
+        return [str(name) for name in coverage.get("uncovered_mla") or ()]
+
     def is_probe(self, record: Mapping[str, Any]) -> bool:
         """Whether a coordinate of ``record`` is a probe value."""
         if not self.probes:

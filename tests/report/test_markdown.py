@@ -126,3 +126,16 @@ def test_terminal_is_compact():
     assert lines[1].split() == ["backend", "sm90", "sm100"]
     assert any(line.startswith("trtllm_mla") and "⛔" in line and "◐" in line for line in lines)
     assert render_terminal(copy.deepcopy(make_document())) == text
+
+
+def test_backends_the_matrix_does_not_cover_are_named_in_the_header():
+    doc = make_document()
+    assert "not covered" not in render_markdown(doc)  # no coverage known: nothing claimed
+    doc["run"]["engine"]["coverage"] = {"registered": ["triton", "fa4", "my_mla"], "mla_capable": ["triton", "fa4", "my_mla"],
+                                        "uncovered_mla": ["fa4", "my_mla"]}
+    for view in ("grid", "backends"):
+        md = render_markdown(doc, view=view)
+        assert "- not covered by the matrix: 2 MLA-capable backends the engine registers (fa4, my\\_mla)" in md
+    from pytest_mla.report.html import render_html
+
+    assert "<dt>not covered</dt><dd>2 MLA-capable backends the engine registers: fa4, my_mla</dd>" in render_html(doc)
