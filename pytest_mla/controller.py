@@ -140,6 +140,11 @@ class ResultCollector:
                                        f"{exc.strerror or exc} (render them with: pytest-mla render "
                                        f"{_with_ext(stem, 'json')})")
             return None
+        except Exception as exc:  # a renderer's bug must not take the written results with it
+            self.write_failures.append(f"cannot render the reports of {_with_ext(stem, 'json')}: "
+                                       f"{type(exc).__name__}: {exc} (the results are written; render them "
+                                       f"with: pytest-mla render {_with_ext(stem, 'json')})")
+            return None
 
     def uncovered(self) -> dict[str, list[str]]:
         """Matrix file → the MLA-capable backends its engine registers that it does not list."""

@@ -147,6 +147,29 @@ def test_a_failed_final_write_leaves_the_results_in_a_temporary_file(liar):
         os.unlink(fallback)
 
 
+def test_a_renderer_that_breaks_leaves_the_json_and_says_so(liar):
+    from .helpers import LIAR_CONFTEST
+
+    liar.makeconftest(LIAR_CONFTEST + """
+import pytest_mla.report.html
+
+def _broken(document, **kwargs):
+    raise KeyError("no such column")
+
+pytest_mla.report.html.render_html = _broken
+""")
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    result = liar.runpytest("--mla-matrix=m.toml")
+    result.assert_outcomes(passed=2)
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines([f"mla report: cannot render the reports of {liar.path / 'reports' / 'm.json'}: "
+                                 "KeyError: 'no such column' (the results are written; render them with: "
+                                 "pytest-mla render *m.json)"])
+    doc = json.loads((liar.path / "reports" / "m.json").read_text(encoding="utf-8"))
+    assert list(verdicts(doc).values()) == ["pass", "pass"]
+    assert (liar.path / "reports" / "m.md").exists() and not (liar.path / "reports" / "m.html").exists()
+
+
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]])
 def test_sigterm_writes_the_finished_cells_like_ctrl_c(bad, workers):
     if workers:
