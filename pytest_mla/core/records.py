@@ -12,6 +12,7 @@ the same thing, and every reader goes through these names.
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypedDict
 
 from .cells import Cell
@@ -80,3 +81,19 @@ def not_run(reason: str) -> KernelResult:
 def kernel_of(record: CellRecord) -> KernelResult:
     """The cell's kernel result, empty when it has none (rejected cells, old files)."""
     return record.get("kernel") or KernelResult()
+
+
+#: The note an adapter leaves where start-up code (a backend constructor) stopped at its first
+#: GPU step: how far the adapter got on this host, not something the engine said.
+CONSTRUCTION_STOP = "[{phase}] {unit} stopped at {step} ({where}) after its checks"
+_CONSTRUCTION_STOP = re.compile(r"\[[^\]]+\] .+ stopped at .+ \(.+\) after its checks")
+
+
+def construction_stop_note(phase: str, unit: str, step: str, where: str) -> str:
+    """``CONSTRUCTION_STOP`` filled in."""
+    return CONSTRUCTION_STOP.format(phase=phase, unit=unit, step=step, where=where)
+
+
+def is_construction_stop(note: str) -> bool:
+    """Whether ``note`` is a ``CONSTRUCTION_STOP`` note."""
+    return _CONSTRUCTION_STOP.fullmatch(note) is not None

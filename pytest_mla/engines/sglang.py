@@ -67,6 +67,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..core.cells import Cell, arch_number
 from ..core.models import ModelConfig
+from ..core.records import construction_stop_note
 from ..core.spec import parse_spec
 from . import _quiet
 from ._gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
@@ -205,7 +206,7 @@ class Stop:
     where: str  # "flashinfer_mla_backend.py:256"
 
     def note(self) -> str:
-        return f"[{self.phase}] {self.unit} stopped at {self.step} ({self.where}) after its checks"
+        return construction_stop_note(self.phase, self.unit, self.step, self.where)
 
 
 class _RunnerAttributeError(AttributeError):

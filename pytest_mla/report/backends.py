@@ -53,6 +53,7 @@ import operator
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core.cells import AXES
+from ..core.records import is_construction_stop
 from ..core.spec import SpecError, parse_spec
 from ..core.verdicts import ACCEPTED, KERNEL_FAILED, VERIFIED
 from .model import (
@@ -80,6 +81,9 @@ MAX_CLAUSES, MAX_CLAUSE_AXES = 3, 3
 _FAMILY_TITLES = {True: "MLA models", False: "Non-MLA models", None: "Models"}
 COUNTING = ("A feature column counts a refusal only where the same configuration without the feature is accepted "
             "(the arch columns show the others).")
+#: Said once under the columns when the view leaves construction-stop notes out of its rows.
+CONSTRUCTION_STOPS = ("The engine's start-up code (backend constructors, the draft worker) ran on the test host up to "
+                      "its first GPU step; where each stopped is in the notes of each cell (HTML report, JSON).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +162,7 @@ class BackendsView:
     probes: list[ProbeAnswer]
     notes: Notes
     plain: dict[str, Any]  # axis → the plain value the columns hold fixed
+    construction_stops: bool = False  # rows left out notes on where start-up code stopped (CONSTRUCTION_STOPS)
 
     def explain_columns(self) -> list[tuple[str, str]]:
         """(column titles, what they hold) for the line under the legend; see ``COUNTING`` for the rest."""
@@ -203,7 +208,8 @@ def build_backends_view(model: ReportModel) -> BackendsView:
         refused = [_refused(model, b, by_backend[b], plain, notes) for b in backends if b not in served]
         if rows or refused:
             families.append(Family(mla, tuple(models), tuple(rows), tuple(refused)))
-    return BackendsView(columns, families, build_probe_answers(model), notes, plain)
+    stops = any(is_construction_stop(str(n)) for c in model.feature_cells for n in c.get("notes") or ())
+    return BackendsView(columns, families, build_probe_answers(model), notes, plain, stops)
 
 
 def _plain_values(model: ReportModel) -> dict[str, Any]:
@@ -332,11 +338,16 @@ def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], colum
 
 
 def _engine_note_refs(model: ReportModel, accepted: Sequence[Mapping[str, Any]], notes: Notes) -> list[int]:
-    """The engine's remarks on the accepted configurations of a row, each with where it holds."""
+    """The engine's remarks on the accepted configurations of a row, each with where it holds.
+
+    Construction-stop notes are left out: they say how far the adapter got on the
+    test host, the same for every backend that needs a GPU, not what the engine said.
+    """
     texts: dict[str, list[Mapping[str, Any]]] = {}
     for c in accepted:
         for n in c.get("notes") or []:
-            texts.setdefault(str(n), []).append(c)
+            if not is_construction_stop(str(n)):
+                texts.setdefault(str(n), []).append(c)
     everywhere = [t for t, members in texts.items() if len(members) == len(accepted)]
     refs = []
     if everywhere:
@@ -724,5 +735,5 @@ def _axis_words(axis: str, values: Sequence[Any]) -> str:
     return f"with {axis} {text}"
 
 
-__all__ = ["build_backends_view", "build_probe_answers", "COUNTING", "BackendsView", "Column", "Entry", "Family",
+__all__ = ["build_backends_view", "build_probe_answers", "CONSTRUCTION_STOPS", "COUNTING", "BackendsView", "Column", "Entry", "Family",
            "ProbeAnswer", "Refused", "Row", "LEGEND", "SYMBOL"]

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from ..core.records import kernel_of
 from .backends import LEGEND as BACKENDS_LEGEND
-from .backends import COUNTING, BackendsView, build_backends_view
+from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .markdown import VIEWS, render_command
 from .model import LEGEND, PARTIAL, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
 
@@ -277,7 +277,8 @@ def render_backends_html(view: BackendsView, level: int = 2) -> str:
         f'<span class="lg"><span class="entry e-{esc(st)}">{esc(ENTRY_GLYPHS[st])}</span>{esc(text)}</span>'
         for st, text in BACKENDS_LEGEND) + "</p>"]
     explain = "; ".join(f"<b>{esc(titles)}</b>: {esc(text)}" for titles, text in view.explain_columns())
-    out.append(f'<p class="columns">{explain}. {esc(COUNTING)}</p>')
+    stops = " " + esc(CONSTRUCTION_STOPS) if view.construction_stops else ""
+    out.append(f'<p class="columns">{explain}. {esc(COUNTING)}{stops}</p>')
     head = "".join(f"<th>{esc(c.title)}</th>" for c in view.columns)
     for family in view.families:
         out.append(f"<{h}>{esc(family.title)}: {esc(', '.join(family.models))}</{h}>")

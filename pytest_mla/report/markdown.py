@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import tabulate as _tabulate
 
 from .backends import LEGEND as BACKENDS_LEGEND
-from .backends import COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view, build_probe_answers
+from .backends import CONSTRUCTION_STOPS, COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view, build_probe_answers
 from .model import LEGEND, SYMBOLS, Notes, ReportModel, format_key, reason_line, verdict_counts
 
 VIEWS = ("all", "backends", "grid")
@@ -141,7 +141,8 @@ def _backends_section(view: BackendsView, level: int) -> list[str]:
 
 def _columns_line(view: BackendsView) -> str:
     parts = [f"**{md_text(titles)}**: {md_text(text)}" for titles, text in view.explain_columns()]
-    return "Columns: " + "; ".join(parts) + ". " + COUNTING
+    stops = " " + CONSTRUCTION_STOPS if view.construction_stops else ""
+    return "Columns: " + "; ".join(parts) + ". " + COUNTING + stops
 
 
 def _probes_section(probes: Sequence[ProbeAnswer], level: int) -> list[str]:

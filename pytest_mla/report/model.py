@@ -354,6 +354,8 @@ class ReportModel:
 
         def entry(state: str, text: str | None, ts: list[tuple[Any, ...]]) -> str:
             where = describe_coords(hidden, ts, universe, self.order)
+            if text and state in (XFAIL, SKIPPED):  # the note's text starts with its label (xfail, xpass, skipped)
+                return f"{where}: {SYMBOLS[state]} {text}"
             label = f"{SYMBOLS[state]} {state}"
             ref = f" [{notes.ref(text)}]" if text and state == REJECTED else (f": {text}" if text else "")
             return f"{where}: {label}{ref}"

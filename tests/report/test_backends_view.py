@@ -204,6 +204,22 @@ def test_a_failed_cell_is_flagged_not_hidden():
     assert "## Failures" in md
 
 
+def test_where_start_up_code_stopped_is_said_once_not_per_row():
+    doc = document()
+    stop = "[target] FlashMLABackend.__init__ stopped at torch.empty(device='cuda') (flashmla_backend.py:90) after its checks"
+    for c in doc["cells"]:
+        if c["coords"]["backend"] == "flashmla":
+            c["notes"] = [stop]
+    md = render_markdown(doc, view="backends")
+    assert "flashmla_backend.py" not in md and "flashmla\\_backend.py" not in md
+    assert [r[0] for r in table_after(md, "## MLA models: deepseek-v3")[2:]] == ["triton", "flashmla", "trtllm\\_mla"]
+    assert md.count("ran on the test host up to its first GPU step") == 1
+    assert "ran on the test host up to its first GPU step" in render_html(doc, view="backends")
+    # a cell's details keep them: there they are what the cell did
+    assert "flashmla_backend.py:90" in render_html(doc)
+    assert "first GPU step" not in render_markdown(document(), view="backends")  # no such note: nothing said
+
+
 def test_html_and_terminal_show_the_same_entries():
     doc = document()
     page = render_html(doc, view="backends")

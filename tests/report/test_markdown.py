@@ -115,7 +115,7 @@ def test_summary_of_mixed_hidden_states():
     cells[0]["expectation"]["xfail"] = "known bug #12"
     s = model.summarise(cells, ["dcp"], notes)
     assert s.text.startswith("◐ 2/3 [")
-    assert "dcp1: ⚠️ xfail: xfail: known bug #12" in dict((n, t) for t, n in notes.numbers.items())[s.refs[0]]
+    assert "dcp1: ⚠️ xfail: known bug #12" in dict((n, t) for t, n in notes.numbers.items())[s.refs[0]]
 
 
 def test_terminal_is_compact():
