@@ -159,7 +159,7 @@ def _broken(document, **kwargs):
 pytest_mla.report.html.render_html = _broken
 """)
     liar.makefile(".toml", m=matrix(["lenient"]))
-    result = liar.runpytest("--mla-matrix=m.toml")
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml")  # the patch must not outlive this session
     result.assert_outcomes(passed=2)
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines([f"mla report: cannot render the reports of {liar.path / 'reports' / 'm.json'}: "
