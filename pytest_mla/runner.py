@@ -78,7 +78,10 @@ class MatrixRun:
 
     def load(self, path: Path) -> LoadedMatrix:
         """Load (once per process) a matrix file and its engine; ``MatrixError`` if broken."""
-        path = path.resolve()
+        known = self._loaded.get(path)  # every cell asks: skip resolve() (a syscall per part) when we can
+        if known is not None:
+            return known
+        given, path = path, path.resolve()
         if path not in self._loaded:
             shown = self.display_path(path)
             matrix = load_matrix(path, extra_models=self.extra_models(), display_path=shown,
@@ -89,6 +92,7 @@ class MatrixRun:
                 check_described(loaded, shown)
                 loaded.coverage = coverage_of(matrix, engine)
             self._loaded[path] = loaded
+        self._loaded[given] = self._loaded[path]
         return self._loaded[path]
 
     def engine(self, matrix: Matrix) -> tuple[Engine | None, str | None]:
