@@ -735,5 +735,5 @@ def _axis_words(axis: str, values: Sequence[Any]) -> str:
     return f"with {axis} {text}"
 
 
-__all__ = ["build_backends_view", "build_probe_answers", "CONSTRUCTION_STOPS", "COUNTING", "BackendsView", "Column", "Entry", "Family",
-           "ProbeAnswer", "Refused", "Row", "LEGEND", "SYMBOL"]
+__all__ = ["build_backends_view", "build_probe_answers", "CONSTRUCTION_STOPS", "COUNTING", "BackendsView", "Column",
+           "Entry", "Family", "ProbeAnswer", "Refused", "Row", "LEGEND", "SYMBOL"]
