@@ -5,8 +5,8 @@
 Needs a headless Chromium (``apt-get install -y chromium``; ``.ci/run`` does
 that), an emoji font for the Markdown's ✅ ❌ (``apt-get install -y
 fonts-noto-color-emoji``; without one they are empty boxes) and, for the
-Markdown, ``markdown-it-py`` (a CommonMark parser with GitHub's table extension; the engine venvs have it, the project does not
-depend on it). Nothing is fetched: the Markdown is turned into HTML here and
+Markdown, ``markdown-it-py`` (a CommonMark parser with GitHub's table
+extension; the engine venvs have it, the project does not depend on it). Nothing is fetched: the Markdown is turned into HTML here and
 styled with a small GitHub-like stylesheet (GitHub's column is 1012 px wide
 and scrolls wide tables sideways; so does this page). Writes:
 

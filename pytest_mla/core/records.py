@@ -86,7 +86,7 @@ def kernel_of(record: CellRecord) -> KernelResult:
 #: The note an adapter leaves where start-up code (a backend constructor) stopped at its first
 #: GPU step: how far the adapter got on this host, not something the engine said.
 CONSTRUCTION_STOP = "[{phase}] {unit} stopped at {step} ({where}) after its checks"
-_CONSTRUCTION_STOP = re.compile(r"\[[^\]]+\] .+ stopped at .+ \(.+\) after its checks")
+_CONSTRUCTION_STOP = re.compile(re.sub(r"\\\{\w+\\\}", ".+", re.escape(CONSTRUCTION_STOP)))  # the template, any fields
 
 
 def construction_stop_note(phase: str, unit: str, step: str, where: str) -> str:

@@ -207,9 +207,10 @@ def _facts(model: ReportModel) -> list[tuple[str, str]]:
                 + (f", commit {run['git_commit'][:12]}" if run.get("git_commit") else "")
                 + ("" if run.get("complete", True) else ", INCOMPLETE")),
     ]
-    if model.uncovered():
-        facts.append(("not covered", f"{len(model.uncovered())} MLA-capable backends the engine registers: "
-                                     + ", ".join(model.uncovered())))
+    uncovered = model.uncovered()
+    if uncovered:
+        facts.append(("not covered", f"{len(uncovered)} MLA-capable backends the engine registers: "
+                                     + ", ".join(uncovered)))
     if run.get("merged_from"):
         facts.append(("merged from", "; ".join(
             f"{(m.get('host') or {}).get('arch')} ({(m.get('host') or {}).get('hostname')}, {m.get('cells_reported')} cells)"

@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 import tabulate as _tabulate
 
 from .backends import LEGEND as BACKENDS_LEGEND
-from .backends import CONSTRUCTION_STOPS, COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view, build_probe_answers
+from .backends import (CONSTRUCTION_STOPS, COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view,
+                       build_probe_answers)
 from .model import LEGEND, SYMBOLS, Notes, ReportModel, format_key, reason_line, verdict_counts
 
 VIEWS = ("all", "backends", "grid")

@@ -206,7 +206,8 @@ def test_a_failed_cell_is_flagged_not_hidden():
 
 def test_where_start_up_code_stopped_is_said_once_not_per_row():
     doc = document()
-    stop = "[target] FlashMLABackend.__init__ stopped at torch.empty(device='cuda') (flashmla_backend.py:90) after its checks"
+    stop = ("[target] FlashMLABackend.__init__ stopped at torch.empty(device='cuda') (flashmla_backend.py:90) "
+            "after its checks")
     for c in doc["cells"]:
         if c["coords"]["backend"] == "flashmla":
             c["notes"] = [stop]

@@ -131,8 +131,8 @@ def test_terminal_is_compact():
 def test_backends_the_matrix_does_not_cover_are_named_in_the_header():
     doc = make_document()
     assert "not covered" not in render_markdown(doc)  # no coverage known: nothing claimed
-    doc["run"]["engine"]["coverage"] = {"registered": ["triton", "fa4", "my_mla"], "mla_capable": ["triton", "fa4", "my_mla"],
-                                        "uncovered_mla": ["fa4", "my_mla"]}
+    names = ["triton", "fa4", "my_mla"]
+    doc["run"]["engine"]["coverage"] = {"registered": names, "mla_capable": names, "uncovered_mla": ["fa4", "my_mla"]}
     for view in ("grid", "backends"):
         md = render_markdown(doc, view=view)
         assert "- not covered by the matrix: 2 MLA-capable backends the engine registers (fa4, my\\_mla)" in md
