@@ -59,12 +59,17 @@ def imports_of(path: Path) -> set[str]:
                 target = node.module or ""
             if not target.startswith("pytest_mla"):
                 continue
-            found.add(target)
+            submodules = set()
             for alias in node.names:  # `from . import x` may name a submodule
                 candidate = f"{target}.{alias.name}"
                 if (PACKAGE.parent / Path(*candidate.split("."))).with_suffix(".py").exists() or \
                         (PACKAGE.parent / Path(*candidate.split(".")) / "__init__.py").exists():
-                    found.add(candidate)
+                    submodules.add(candidate)
+            found |= submodules
+            # `from pkg import sub` (only submodules named) depends on `sub`; the package's own
+            # names are not used (its __init__ runs anyway, as the parent of any submodule).
+            if len(submodules) < len(node.names):
+                found.add(target)
     found.discard(me)
     return found
 

@@ -107,7 +107,7 @@ def injected(fault: str) -> Iterator[None]:
         return
     import importlib
 
-    from pytest_mla.engines.sglang_pools import load_engine
+    from pytest_mla.engines.sglang.pools import load_engine
 
     load_engine()  # the Triton mode and stubs first, as the runner does
     module_name, attr, make = FAULTS[fault]
@@ -128,7 +128,7 @@ def injected(fault: str) -> Iterator[None]:
 
 def run(inputs: Any, ctx: Any, options: Any) -> Any:
     """The engine runner with the fault named in ``PYTEST_MLA_SGLANG_FAULT`` (for distributed rank processes)."""
-    from pytest_mla.engines.sglang_backend import run as sglang_run
+    from pytest_mla.engines.sglang.checks import run as sglang_run
 
     with injected(os.environ.get(FAULT_ENV, "none")):
         return sglang_run(inputs, ctx, options)
@@ -139,7 +139,7 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     import dataclasses
 
     from pytest_mla.core.matrix import load_matrix
-    from pytest_mla.engines.sglang_backend import kernel_for
+    from pytest_mla.engines.sglang.checks import kernel_for
     from pytest_mla.kernels import harness
     from pytest_mla.runner import run_check
 

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from pytest_mla.core.matrix import load_matrix
-from pytest_mla.engines.sglang_backend import kernel_for
+from pytest_mla.engines.sglang.checks import kernel_for
 
 from ._venv import ROOT, run_matrix, venv_python
 

@@ -193,7 +193,7 @@ def test_a_draft_tree_is_an_adapter_error_not_a_refusal(tmp_path):
 
 
 MISSING_FIELD_PLUGIN = '''
-from pytest_mla.engines import vllm
+from pytest_mla.engines.vllm import startup as vllm
 
 
 def pytest_configure(config):

@@ -77,7 +77,7 @@ def injected(fault: str) -> Iterator[None]:
         return
     import importlib
 
-    from pytest_mla.engines import vllm_backend
+    from pytest_mla.engines.vllm import checks as vllm_backend
     from pytest_mla.engines.vllm import VLLMEngine
 
     vllm_backend.adopt_factory(VLLMEngine)  # a rank process has no engine yet: make it as the runner would
@@ -100,7 +100,7 @@ def injected(fault: str) -> Iterator[None]:
 
 def run(inputs: Any, ctx: Any, options: Any) -> Any:
     """The TRITON_MLA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (for distributed ranks)."""
-    from pytest_mla.engines.vllm import run_triton_mla
+    from pytest_mla.engines.vllm.startup import run_triton_mla
 
     with injected(os.environ.get(FAULT_ENV, "none")):
         return run_triton_mla(inputs, ctx, options)

@@ -92,17 +92,18 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..core.cells import Cell, arch_number
-from ..core.errors import AdapterError
-from ..core.models import ModelConfig
-from ..core.spec import parse_spec
-from . import _quiet, vllm_backend
-from .protocol import Configured
+from ...core.cells import Cell, arch_number
+from ...core.errors import AdapterError
+from ...core.models import ModelConfig
+from ...core.spec import parse_spec
+from ..common import quiet as _quiet
+from . import checks as vllm_backend
+from ..protocol import Configured
 
 if importlib.util.find_spec("vllm") is None:  # the registry turns this into "unavailable"
     raise ImportError("vllm is not installed in this environment", name="vllm")
 
-MODEL_CONFIGS = Path(__file__).with_name("model_configs")
+from ..common import MODEL_CONFIGS
 
 #: CUDA-linked modules stubbed so that vLLM imports on CPU torch.
 IMPORT_STUBS = ("vllm._C", "vllm._C_stable_libtorch")
@@ -179,7 +180,7 @@ GPU_STEPS = {
 #: ``_ModelInfo`` fields the start-up reads, as the registry answers them for decoder-only text
 #: transformers (DeepSeek-V2/V3, Kimi-K2, Llama, Qwen2): see ``VLLMEngine._model_info``.
 MODEL_INFO = {"is_hybrid": False}
-#: Why no decode kernel is checked for an accepted cell (``engines/vllm_backend.py`` will).
+#: Why no decode kernel is checked for an accepted cell (``engines/vllm/checks.py`` will).
 
 
 @dataclasses.dataclass
@@ -187,7 +188,7 @@ class Startup:
     """What vLLM built for a cell, up to the first step that needs a GPU.
 
     The facts a kernel check of the accepted configuration needs
-    (``engines/vllm_backend.py``): the selected backend class, the target
+    (``engines/vllm/checks.py``): the selected backend class, the target
     layer (its ``impl`` is the constructed impl), the stand-in vLLM config
     the layer and builders saw, the KV-cache spec, the block sizes and the KV
     dtype, the target's metadata builder (on the ``meta`` device) and the
@@ -258,7 +259,7 @@ class VLLMEngine:
         raise self._fail(step, f"{what} not found; tried {'; '.join(tried)}")
 
     def _setup(self) -> None:
-        from ._import_stubs import install_stubs
+        from ..common.import_stubs import install_stubs
 
         self.stubs = install_stubs(IMPORT_STUBS + COMPILED_STUBS, force=True)
         logging.getLogger("vllm").setLevel(logging.ERROR)
@@ -438,7 +439,7 @@ class VLLMEngine:
         return self._configured(cell, model, startup)
 
     def _configured(self, cell: Cell, model: ModelConfig, startup: Startup) -> Configured:
-        """The accepted cell's record, with the check of vLLM's own backend (``engines/vllm_backend.py``)."""
+        """The accepted cell's record, with the check of vLLM's own backend (``engines/vllm/checks.py``)."""
         label = startup.backend_name
         cls = startup.backend_cls
         tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)

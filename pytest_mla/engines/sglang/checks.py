@@ -50,14 +50,14 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Mapping
 
-from ..core.errors import AdapterError
-from ..core.kernelspec import KernelSpec
-from ..core.spec import parse_spec
+from ...core.errors import AdapterError
+from ...core.kernelspec import KernelSpec
+from ...core.spec import parse_spec
 
 __all__ = ["TARGET", "kernel_for", "kernel_from", "run"]
 
 #: The engine runner (``KernelSpec.target``).
-TARGET = "pytest_mla.engines.sglang_backend:run"
+TARGET = "pytest_mla.engines.sglang.checks:run"
 PACKAGE = "sglang"
 #: Decode backends checked on this host's CPU, under Triton's interpreter.
 INTERPRETED = ("triton",)
@@ -187,7 +187,7 @@ def _backend_module(backend: str) -> str:
 
 def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """One DCP rank of a check: build SGLang's pieces for ``inputs``, run its attention path, return the rank's heads."""
-    from . import sglang_pools as pools
+    from . import pools
 
     engine = pools.load_engine()
     with _ADAPTER_STAGE("set up SGLang for the check"):
@@ -212,7 +212,7 @@ class _AdapterStage:
         except AdapterError:
             raise
         except Exception as exc:
-            from .sglang_support import adapter_error
+            from .support import adapter_error
 
             raise adapter_error(what, f"{type(exc).__name__}: {exc}") from exc
 

@@ -17,16 +17,15 @@ import os
 import threading
 import types
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
-from .sglang_support import STUBS, adapter_error, make_dataclass
+from .support import STUBS, adapter_error, make_dataclass
 
 __all__ = ["Engine", "RankSetup", "adapter_error", "load_engine"]
 
-MODEL_CONFIGS = Path(__file__).with_name("model_configs")
+from ..common import MODEL_CONFIGS
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 #: Free slots the pools keep beyond a check's tokens (holes between requests, the dummy slot).
 _SPARE_PAGES = 4
@@ -71,8 +70,8 @@ def load_engine() -> Engine:
 
 
 def _import_engine() -> Engine:
-    from ..kernels._mode import ensure_triton_mode
-    from ._import_stubs import install_stubs
+    from ...kernels._mode import ensure_triton_mode
+    from ..common.import_stubs import install_stubs
 
     ensure_triton_mode()  # before any SGLang module with @triton.jit kernels is imported
     for root, attrs in STUBS.items():
@@ -320,7 +319,7 @@ class RankSetup:
     def _make_group(self) -> Any:
         if self.world == 1:
             return None
-        from ..kernels.collectives import TorchCollectives
+        from ...kernels.collectives import TorchCollectives
 
         collectives = self.ctx.collectives
         if isinstance(collectives, TorchCollectives):  # one process per rank: SGLang's own group
@@ -511,7 +510,7 @@ class RankSetup:
         self.order = torch.arange(s_q).repeat(b, 1)  # SGLang's token j of request i is the check's query order[i, j]
         spec_info = None
         if self.spec:
-            from .sglang_tree import verify_input
+            from .tree import verify_input
 
             spec_info, self.order, positions = verify_input(self, engine)
             mode = engine.forward_mode.TARGET_VERIFY
@@ -540,7 +539,7 @@ class RankSetup:
 
     # -- running SGLang's path ------------------------------------------------------------------------
     def compute(self) -> Any:
-        from ..kernels.engine_runner import RankResult
+        from ...kernels.engine_runner import RankResult
 
         engine, inputs = self.engine, self.inputs
         b, s_q, _, d_qk = inputs.q.shape
@@ -554,7 +553,7 @@ class RankSetup:
         with context:
             self.backend.init_forward_metadata(self.forward_batch)
             if self.options["mla"]:
-                from .sglang_model import deepseek_attention
+                from .model import deepseek_attention
 
                 out, functions = deepseek_attention(self, q, k_new)
             else:

@@ -44,7 +44,7 @@ import threading
 from typing import Any, Iterator, Mapping
 
 PACKAGE = "vllm"
-RUNNER = "pytest_mla.engines.vllm:run_triton_mla"  # the adapter module: it makes the process's engine first
+RUNNER = "pytest_mla.engines.vllm.startup:run_triton_mla"  # the adapter module: it makes the process's engine first
 #: The function that computes the attention (the kernel record names it).
 TRITON_MLA_FUNCTION = "vllm.v1.attention.backends.mla.triton_mla:TritonMLAImpl.forward_mqa"
 LAYER_NAME = "model.layers.0.self_attn.attn"
@@ -73,7 +73,7 @@ _STAND_IN = re.compile(r"'(\w+View|SimpleNamespace|_StandInConfig|_Group|_Thread
 @contextlib.contextmanager
 def stand_in_guard() -> Iterator[None]:
     """Turn a stand-in's missing attribute into the adapter's error (see ``_STAND_IN``)."""
-    from ..core.errors import AdapterError
+    from ...core.errors import AdapterError
 
     try:
         yield
@@ -93,7 +93,7 @@ def prepare_environment() -> None:
     ``CUDA_VISIBLE_DEVICES`` is set and empty (its "distributed environment"
     exception); without it every ``@triton.jit`` in vLLM is a placeholder.
     """
-    from ..kernels._mode import ensure_triton_mode
+    from ...kernels._mode import ensure_triton_mode
 
     where = ensure_triton_mode()
     if where in ("interpreter", "cpu") and "CUDA_VISIBLE_DEVICES" not in os.environ:
@@ -119,7 +119,7 @@ def prepare_process() -> Any:
         if engine is None:
             factory = _state.get("factory")
             if factory is None:
-                raise RuntimeError("vllm_backend: no engine in this process; run through pytest_mla.engines.vllm")
+                raise RuntimeError("vllm_backend: no engine in this process; run through pytest_mla.engines.vllm.startup")
             prepare_environment()
             engine = _state["engine"] = factory()
         return engine
@@ -183,8 +183,8 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
     from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, KernelConfig, SchedulerConfig,
                              ParallelConfig, SpeculativeConfig, VllmConfig)
 
-    from ..core.models import ModelConfig
-    from ..kernels.inputs import DTYPES
+    from ...core.models import ModelConfig
+    from ...kernels.inputs import DTYPES
     _StandInConfig = engine.stand_in_config_cls  # the adapter's (no import of the adapter module here)
 
     model = ModelConfig(options["model"], True, options["num_heads"], 1, options["kv_lora_rank"],
@@ -410,7 +410,7 @@ def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     from vllm.v1.attention.backends.mla.triton_mla import TritonMLAMetadataBuilder
     from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-    from ..kernels.engine_runner import EngineCannotRun, RankResult
+    from ...kernels.engine_runner import EngineCannotRun, RankResult
 
     world, rank = ctx.world, ctx.rank
     device = inputs.q.device
@@ -502,7 +502,7 @@ def backend_name(path: str) -> str:
 
 def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int) -> tuple[Any, str | None]:
     """``(KernelSpec, None)`` when vLLM's own backend for this cell can run here, else ``(None, why)``."""
-    from ..kernels._mode import ensure_triton_mode
+    from ...kernels._mode import ensure_triton_mode
 
     name = backend_name(path)
     where = ensure_triton_mode()
@@ -516,7 +516,7 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int) -> tuple[
 
 
 def _spec_tokens(cell: Any) -> tuple[int, str | None]:
-    from ..core.spec import parse_spec
+    from ...core.spec import parse_spec
 
     spec = parse_spec(str(cell.spec))
     return (spec.s_q - 1, spec.algorithm) if spec.enabled else (0, None)
@@ -540,8 +540,8 @@ def _triton_mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str) ->
     same and records it; otherwise the check is the same numeric case for
     every arch (vLLM's decode path reads no capability) and is shared.
     """
-    from ..core.kernelspec import KernelSpec
-    from ..kernels.harness import _KV_DTYPES
+    from ...core.kernelspec import KernelSpec
+    from ...kernels.harness import _KV_DTYPES
 
     options = _mla_options(cell, model, tp)
     capability = _capability_of(cell.arch)
@@ -557,8 +557,8 @@ def _triton_mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str) ->
 
 def _triton_attn_spec(engine: Any, cell: Any, model: Any, tp: int) -> Any:
     """The engine check of a TRITON_ATTN cell of a GQA model (no DCP: its impl has no DCP support)."""
-    from ..core.kernelspec import KernelSpec
-    from ..kernels.harness import _KV_DTYPES
+    from ...core.kernelspec import KernelSpec
+    from ...kernels.harness import _KV_DTYPES
 
     tokens, method = _spec_tokens(cell)
     options = {"model": model.name, "num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
@@ -576,7 +576,7 @@ def _triton_attn_spec(engine: Any, cell: Any, model: Any, tp: int) -> Any:
 
 def _attn_construction_raises(engine: Any, options: Mapping[str, Any], capability: str) -> bool:
     """Whether vLLM raises building the TRITON_ATTN layer under ``capability`` (cached; no kernel runs)."""
-    from ..core.errors import AdapterError
+    from ...core.errors import AdapterError
 
     key = ("attn", capability, tuple(sorted(options.items())))
     if key not in _probes:
@@ -594,14 +594,14 @@ def _attn_construction_raises(engine: Any, options: Mapping[str, Any], capabilit
         except AdapterError:
             raise
         except Exception as exc:  # noqa: BLE001 - whether vLLM's own code refused is all we keep
-            from ..kernels.engine_runner import engine_function_of
+            from ...kernels.engine_runner import engine_function_of
 
             _probes[key] = engine_function_of(exc, PACKAGE) is not None
     return _probes[key]
 
 
 def _capability_of(arch: str) -> str:
-    from ..core.cells import arch_number
+    from ...core.cells import arch_number
 
     sm = arch_number(arch)
     return f"{sm // 10}.{sm % 10}"
@@ -628,7 +628,7 @@ def _construction_raises(engine: Any, options: Mapping[str, Any], capability: st
     """Whether vLLM raises building this layer under ``capability`` (cached; no kernel runs)."""
     import torch
 
-    from ..core.errors import AdapterError
+    from ...core.errors import AdapterError
 
     key = (capability, tuple(sorted(options.items())))
     if key not in _probes:
@@ -642,7 +642,7 @@ def _construction_raises(engine: Any, options: Mapping[str, Any], capability: st
         except AdapterError:
             raise
         except Exception as exc:  # noqa: BLE001 - whether vLLM's own code refused is all we keep
-            from ..kernels.engine_runner import engine_function_of
+            from ...kernels.engine_runner import engine_function_of
 
             _probes[key] = engine_function_of(exc, PACKAGE) is not None
     return _probes[key]
@@ -660,14 +660,14 @@ def gpu_backend_spec(name: str, cell: Any, model: Any, tp: int, where: str) -> t
 # ---- TRITON_ATTN (GQA models) -------------------------------------------------------------------
 
 TRITON_ATTN_FUNCTION = "vllm.v1.attention.backends.triton_attn:TritonAttentionImpl.forward"
-ATTN_RUNNER = "pytest_mla.engines.vllm:run_triton_attn"
+ATTN_RUNNER = "pytest_mla.engines.vllm.startup:run_triton_attn"
 
 
 def _gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
     from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, KernelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
 
-    from ..core.models import ModelConfig
+    from ...core.models import ModelConfig
     _StandInConfig = engine.stand_in_config_cls  # the adapter's (no import of the adapter module here)
 
     model = ModelConfig(options["model"], False, options["num_heads"], options["num_kv_heads"],
@@ -700,7 +700,7 @@ def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionMetadataBuilder
 
-    from ..kernels.engine_runner import RankResult
+    from ...kernels.engine_runner import RankResult
 
     if ctx.world != 1:
         raise ValueError("vllm runner: TRITON_ATTN has no DCP (its impl has supports_dcp = False)")

@@ -62,18 +62,17 @@ import sys
 import textwrap
 import types
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..core.cells import Cell, arch_number
-from ..core.models import ModelConfig
-from ..core.records import construction_stop_note
-from ..core.spec import parse_spec
-from . import _quiet
-from ._gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
-from ._gpu_steps import stop_at_gpu_steps
-from .protocol import AdapterError, Configured
-from .sglang_support import STUBS
+from ...core.cells import Cell, arch_number
+from ...core.models import ModelConfig
+from ...core.records import construction_stop_note
+from ...core.spec import parse_spec
+from ..common import quiet as _quiet
+from ..common.gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
+from ..common.gpu_steps import stop_at_gpu_steps
+from ..protocol import AdapterError, Configured
+from .support import STUBS
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
     raise ImportError("sglang is not installed in this environment", name="sglang")
@@ -81,7 +80,7 @@ if importlib.util.find_spec("sglang") is None:  # the registry turns this into "
 ENGINE = "sglang"
 
 #: Weightless model configs, one folder per catalogue model.
-MODEL_CONFIGS = Path(__file__).with_name("model_configs")
+from ..common import MODEL_CONFIGS
 
 #: Modules replaced by import stubs for the whole run when not installed (imported for names
 #: only): ``torchvision`` (a CUDA-linked wheel transformers and SGLang's multimodal configs
@@ -298,8 +297,8 @@ class SGLangEngine:
     refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError)
 
     def __init__(self) -> None:
-        from ..kernels._mode import ensure_triton_mode
-        from ._import_stubs import install_stubs
+        from ...kernels._mode import ensure_triton_mode
+        from ..common.import_stubs import install_stubs
 
         # SGLang's modules decorate @triton.jit kernels on import: decide the mode first.
         self._kernel_target = ensure_triton_mode()
@@ -351,7 +350,7 @@ class SGLangEngine:
 
     def kernel_for(self, cell: Cell, model: ModelConfig, resolution: Resolution) -> tuple[Any, str | None]:
         """The decode kernel to check for an accepted cell (``KernelSpec`` or None, and why not)."""
-        from .sglang_backend import kernel_from
+        from .checks import kernel_from
 
         facts = types.SimpleNamespace(kv_cache_dtype=resolution.kv_cache_dtype, model_config=resolution.model_config,
                                       decode_attention_backend_str=resolution.decode_backend,
@@ -705,7 +704,7 @@ class SGLangEngine:
 
     def _serves_mla(self, name: str) -> bool:
         """Whether SGLang's factory ``name`` (and its constructor's checks) accept an MLA model on some arch."""
-        from ..core.models import BUILTIN_MODELS
+        from ...core.models import BUILTIN_MODELS
 
         model = BUILTIN_MODELS[MLA_PROBE_MODEL]
         for arch in ("sm80", "sm90", "sm100"):

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .sglang_support import adapter_error, make_dataclass
+from .support import adapter_error, make_dataclass
 
 __all__ = ["verify_input"]
 

@@ -6,7 +6,7 @@ import dataclasses
 import importlib.metadata
 from typing import Any
 
-from ..core.errors import AdapterError
+from ...core.errors import AdapterError
 
 __all__ = ["STUBS", "adapter_error", "make_dataclass"]
 

@@ -1,0 +1,26 @@
+"""The SGLang adapter.
+
+* ``startup``: start-up validation — SGLang's argument parsing and resolution, its
+  attention-backend factories and constructors up to their first GPU step, the
+  EAGLE draft worker — with the cell's GPU arch faked (``SGLangEngine``).
+* ``checks``: which numeric check an accepted cell runs (``kernel_for``) and the
+  engine runner the harness calls per DCP rank (``run``).
+* ``pools``: SGLang's own server args, pools, allocator, translator, backend and
+  forward batch for one rank; ``tree``: the verify mask from SGLang's draft-tree
+  code; ``model``: the DeepSeek model's absorbed-MLA attention path.
+* ``support``: small pieces the modules above share.
+"""
+
+from typing import Any
+
+__all__ = ["SGLangEngine"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: ``startup`` imports sglang itself (ImportError where it is not installed), while
+    # ``checks`` and its helpers must stay importable without it.
+    if name == "SGLangEngine":
+        from .startup import SGLangEngine
+
+        return SGLangEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
