@@ -247,6 +247,7 @@ def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout
     """One numeric check, as a kernel record; a crash or an engine's exception becomes a failed record."""
     from .kernels import harness
     from .kernels.engine_check import BackendRaised, EngineCannotRun, run_engine_check
+    from .kernels.power import WeakCheck
 
     failed = {"status": KERNEL_FAILED, "where": where, "level": spec.level, "case": case.as_dict()}
     try:
@@ -260,6 +261,8 @@ def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout
                 "message": f"engine accepted this configuration, but its backend raised {exc}"}
     except AdapterError as exc:
         return {**failed, "crashed": True, "message": f"adapter error: {exc}"}
+    except WeakCheck as exc:  # our inputs, not the engine: an error of the cell, never a verified one
+        return {**failed, "crashed": True, "message": f"check too weak: {exc}"}
     except Exception as exc:  # a kernel that crashes is an error of the cell, with its message
         return {**failed, "crashed": True, "message": f"kernel crashed: {type(exc).__name__}: {exc}"}
 

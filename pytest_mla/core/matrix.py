@@ -125,6 +125,7 @@ class _Builder:
         self.file = file
         self.lines = lines
         self.extra_models = extra_models
+        self.broken_models: set[str] = set()
         self.problems: list[Problem] = []
 
     def problem(self, path: tuple[Any, ...], message: str) -> None:
@@ -221,7 +222,8 @@ class _Builder:
             try:
                 models[name] = ModelConfig.from_mapping(name, entry)
             except ModelConfigError as exc:
-                self.problem(("models", name, exc.key), exc.message)
+                self.problem(("models", name, *exc.key.split(".")), exc.message)
+                self.broken_models.add(name)
         return models
 
     # -- axes ---------------------------------------------------------------------
@@ -271,6 +273,8 @@ class _Builder:
             return f"{axis} values must be non-empty strings, got {value!r}"
         if "/" in value or any(c.isspace() for c in value) or value.startswith("-") or value.endswith("-"):
             return f"{axis} value {value!r} cannot be part of a cell id ('/', spaces, leading or trailing '-')"
+        if axis == "model" and value in self.broken_models:
+            return None  # its [models] entry is already reported
         if axis == "model" and value not in models:
             known = ", ".join(sorted(models))
             return f"unknown model {value!r}: not in the built-in catalogue nor in [models] (known: {known})"

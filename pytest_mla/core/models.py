@@ -1,9 +1,16 @@
-"""The model catalogue: attention configurations of real models.
+"""The model catalogue: attention configurations of real models, as their checkpoints declare them.
 
 Dims are the published ones (each model's ``config.json``). Only attention
 matters here: an MLA model caches one latent row of ``kv_lora_rank +
 qk_rope_head_dim`` values per token, shared by all heads; a GQA model caches
 ``num_kv_heads`` K and V rows of ``head_dim`` values.
+
+Beside the dims, an entry carries what the checkpoint's ``config.json``
+carries that changes attention: ``rope_scaling`` (DeepSeek's YaRN multiplies
+the softmax scale by ``mscale²``), ``quantization`` (the checkpoint's
+``quantization_config``: an FP8 checkpoint gives every attention layer KV
+scales in the engines) and ``mtp_layers`` (``num_nextn_predict_layers``, the
+draft layers MTP speculative decoding uses).
 """
 
 from __future__ import annotations
@@ -21,7 +28,18 @@ _INT_FIELDS = (
     "v_head_dim",
     "head_dim",
 )
-MODEL_FIELDS = ("mla", *_INT_FIELDS)
+#: Fields a rule can test (``model.<field>``); ``quantization`` reads as the method name or "none".
+MODEL_FIELDS = ("mla", *_INT_FIELDS, "quantization", "mtp_layers")
+#: Keys of a ``[models.NAME]`` table.
+ENTRY_FIELDS = ("mla", *_INT_FIELDS, "rope_scaling", "quantization", "mtp_layers")
+
+#: rope_scaling types the engines know (``type`` or ``rope_type``); YaRN ones need factor and original length.
+ROPE_TYPES = ("yarn", "deepseek_yarn", "llama3", "linear", "dynamic", "default", "longrope", "mrope")
+YARN_TYPES = ("yarn", "deepseek_yarn")
+ROPE_KEYS = ("type", "rope_type", "factor", "mscale", "mscale_all_dim", "original_max_position_embeddings",
+             "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mrope_section", "rope_theta")
+#: quantization_config methods the engines read for attention layers (the KV-cache scales an FP8 checkpoint gives).
+QUANT_METHODS = ("fp8", "modelopt", "modelopt_fp4", "compressed-tensors", "w8a8_fp8")
 
 
 class ModelConfigError(ValueError):
@@ -44,8 +62,19 @@ class ModelConfig:
     qk_nope_head_dim: int = 0  # MLA only: non-RoPE part of q/k per head
     v_head_dim: int = 0  # MLA only: per-head V width before up-projection
     head_dim: int = 0  # GQA only: per-head q/k/v width
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # config.json's rope_scaling, as sorted pairs
+    quantization: tuple[tuple[str, Any], ...] | None = None  # config.json's quantization_config, as sorted pairs
+    mtp_layers: int = 0  # num_nextn_predict_layers: the checkpoint's MTP draft layers
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rope_scaling", _frozen(self.rope_scaling))
+        object.__setattr__(self, "quantization", _frozen(self.quantization))
+        if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
+            raise ModelConfigError("mtp_layers", f"mtp_layers must be a non-negative integer, got {self.mtp_layers!r}")
+        if self.rope_scaling is not None:
+            _check_rope_scaling(dict(self.rope_scaling))
+        if self.quantization is not None:
+            _check_quantization(dict(self.quantization))
         for key in _INT_FIELDS:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -81,27 +110,67 @@ class ModelConfig:
         return self.kv_lora_rank if self.mla else self.head_dim
 
     @property
+    def yarn_mscale(self) -> float:
+        """DeepSeek's YaRN attention factor ``0.1 · mscale_all_dim · ln(factor) + 1`` (1 without YaRN).
+
+        The MLA models' attention (DeepseekV2AttentionMLA in SGLang and vLLM, and
+        SGLang's ``model_config.scaling``) multiplies the softmax scale by its square;
+        ``mscale_all_dim`` absent counts as 0, a factor <= 1 gives 1.
+        """
+        if not self.mla or self.rope_scaling is None:
+            return 1.0
+        rope = dict(self.rope_scaling)
+        factor = float(rope.get("factor", 1.0))
+        if (rope.get("type") or rope.get("rope_type")) == "default" or factor <= 1.0:
+            return 1.0
+        return 0.1 * float(rope.get("mscale_all_dim", 0.0)) * math.log(factor) + 1.0
+
+    @property
     def softmax_scale(self) -> float:
-        """The model's scale: 1/sqrt(qk_nope + qk_rope) for MLA (no YaRN factor)."""
-        width = self.qk_nope_head_dim + self.qk_rope_head_dim if self.mla else self.head_dim
-        return 1.0 / math.sqrt(width)
+        """The model's scale: ``mscale² / sqrt(qk_nope + qk_rope)`` for MLA (YaRN included), ``1/sqrt(head_dim)`` for GQA."""
+        if self.mla:
+            return self.yarn_mscale ** 2 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def quant_method(self) -> str:
+        """The checkpoint's quantization method, "none" for an unquantized checkpoint."""
+        return str(dict(self.quantization)["quant_method"]) if self.quantization is not None else "none"
 
     def field(self, key: str) -> Any:
         """Value of a catalogue field by name, as rules see it (``model.<key>``)."""
         if key not in MODEL_FIELDS:
             raise KeyError(key)
+        if key == "quantization":
+            return self.quant_method
         return getattr(self, key)
 
+    def config_json(self) -> dict[str, Any]:
+        """The entry's fields in ``config.json`` spelling (``rope_scaling``, ``quantization_config``, ...)."""
+        out: dict[str, Any] = {}
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = _thawed(self.rope_scaling)
+        if self.quantization is not None:
+            out["quantization_config"] = _thawed(self.quantization)
+        out["num_nextn_predict_layers"] = self.mtp_layers
+        return out
+
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["rope_scaling"] = _thawed(self.rope_scaling)
+        d["quantization"] = _thawed(self.quantization)
+        return d
 
     @classmethod
     def from_mapping(cls, name: str, data: Mapping[str, Any]) -> "ModelConfig":
-        unknown = sorted(set(data) - set(MODEL_FIELDS))
+        unknown = sorted(set(data) - set(ENTRY_FIELDS))
         if unknown:
             raise ModelConfigError(
-                unknown[0], f"unknown model field {unknown[0]!r} (known: {', '.join(MODEL_FIELDS)})"
+                unknown[0], f"unknown model field {unknown[0]!r} (known: {', '.join(ENTRY_FIELDS)})"
             )
+        for key in ("rope_scaling", "quantization"):
+            if key in data and not isinstance(data[key], Mapping):
+                raise ModelConfigError(key, f"{key} must be a table, got {data[key]!r}")
         if "mla" not in data:
             raise ModelConfigError("mla", "missing required field 'mla'")
         if "num_heads" not in data:
@@ -109,28 +178,125 @@ class ModelConfig:
         return cls(name=name, **dict(data))
 
 
+def _frozen(value: Any) -> Any:
+    """A mapping as sorted ``(key, value)`` pairs, lists as tuples (hashable, comparable)."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value):
+        return tuple(sorted((k, _frozen(v)) for k, v in value))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _thawed(value: Any) -> Any:
+    """``_frozen``'s inverse, for JSON."""
+    if value is None:
+        return None
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value) \
+            and value:
+        return {k: _thawed(v) for k, v in value}
+    if isinstance(value, tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_rope_scaling(rope: dict[str, Any]) -> None:
+    unknown = sorted(set(rope) - set(ROPE_KEYS))
+    if unknown:
+        raise ModelConfigError(f"rope_scaling.{unknown[0]}",
+                               f"unknown rope_scaling key {unknown[0]!r} (known: {', '.join(ROPE_KEYS)})")
+    kind = rope.get("type", rope.get("rope_type"))
+    if kind is None:
+        raise ModelConfigError("rope_scaling", "rope_scaling needs a type (or rope_type)")
+    if kind not in ROPE_TYPES:
+        key = "rope_scaling.type" if "type" in rope else "rope_scaling.rope_type"
+        raise ModelConfigError(key, f"unknown rope_scaling type {kind!r} (known: {', '.join(ROPE_TYPES)})")
+    for key in ("factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow"):
+        if key in rope and (not _number(rope[key]) or rope[key] < 0):
+            raise ModelConfigError(f"rope_scaling.{key}", f"rope_scaling.{key} must be a non-negative number, "
+                                                         f"got {rope[key]!r}")
+    if kind in YARN_TYPES:
+        if "factor" not in rope:
+            raise ModelConfigError("rope_scaling", f"a {kind} rope_scaling needs a factor")
+        original = rope.get("original_max_position_embeddings")
+        if original is None:
+            raise ModelConfigError("rope_scaling.factor", f"a YaRN factor ({rope['factor']}) needs "
+                                                          "original_max_position_embeddings")
+        if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+            raise ModelConfigError("rope_scaling.original_max_position_embeddings",
+                                   f"original_max_position_embeddings must be a positive integer, got {original!r}")
+
+
+def _check_quantization(quant: dict[str, Any]) -> None:
+    method = quant.get("quant_method")
+    if method is None:
+        raise ModelConfigError("quantization", "quantization needs a quant_method")
+    if method not in QUANT_METHODS:
+        raise ModelConfigError("quantization.quant_method", f"unknown quantization method {method!r} "
+                                                           f"(known: {', '.join(QUANT_METHODS)})")
+    if method == "fp8":
+        if quant.get("fmt", "e4m3") not in ("e4m3", "e5m2"):
+            raise ModelConfigError("quantization.fmt", f"fp8 fmt must be e4m3 or e5m2, got {quant['fmt']!r}")
+        if quant.get("activation_scheme", "dynamic") not in ("dynamic", "static"):
+            raise ModelConfigError("quantization.activation_scheme", "activation_scheme must be dynamic or static, "
+                                                                     f"got {quant['activation_scheme']!r}")
+        block = quant.get("weight_block_size")
+        if block is not None and (not isinstance(block, (list, tuple)) or len(block) != 2
+                                  or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise ModelConfigError("quantization.weight_block_size",
+                                   f"weight_block_size must be two positive integers, got {block!r}")
+
+
+#: DeepSeek-V3 / R1 and Kimi-K2 ship FP8 block-quantized weights (their config.json's quantization_config).
+FP8_BLOCK = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+
+def _yarn(factor: float, mscale: float, mscale_all_dim: float, beta_fast: float = 32, beta_slow: float = 1,
+          original: int = 4096) -> dict[str, Any]:
+    return {"type": "yarn", "factor": factor, "mscale": mscale, "mscale_all_dim": mscale_all_dim,
+            "beta_fast": beta_fast, "beta_slow": beta_slow, "original_max_position_embeddings": original}
+
+
 def _mla(name: str, num_heads: int, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
-         qk_nope_head_dim: int = 128, v_head_dim: int = 128) -> ModelConfig:
-    return ModelConfig(name, True, num_heads, 1, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)
+         qk_nope_head_dim: int = 128, v_head_dim: int = 128, *, rope: Mapping[str, Any] | None = None,
+         quant: Mapping[str, Any] | None = None, mtp: int = 0) -> ModelConfig:
+    return ModelConfig(name, True, num_heads, 1, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+                       rope_scaling=rope, quantization=quant, mtp_layers=mtp)
 
 
-def _gqa(name: str, num_heads: int, num_kv_heads: int, head_dim: int) -> ModelConfig:
-    return ModelConfig(name, False, num_heads, num_kv_heads, head_dim=head_dim)
+def _gqa(name: str, num_heads: int, num_kv_heads: int, head_dim: int, *,
+         rope: Mapping[str, Any] | None = None) -> ModelConfig:
+    return ModelConfig(name, False, num_heads, num_kv_heads, head_dim=head_dim, rope_scaling=rope)
 
 
-#: Built-in catalogue, by the names matrix files use. Published dims:
-#: DeepSeek-V3/R1 and Kimi-K2 share the V3 attention (512/64/128/128) with
-#: 128 and 64 heads; DeepSeek-V2-Lite has 16 heads of the same shape.
+#: Llama 3.1's rope_scaling (it changes the rotary frequencies, not the softmax scale).
+LLAMA3_ROPE = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+
+#: Built-in catalogue, by the names matrix files use, with the published checkpoints' fields
+#: (each also in ``engines/model_configs/NAME/config.json``, which the engines read; a test
+#: holds the two together): DeepSeek-V3/R1 and Kimi-K2 share the V3 attention
+#: (512/64/128/128) with 128 and 64 heads, FP8 block-quantized weights and YaRN (factor 40
+#: and 32, mscale_all_dim 1: softmax scale ×1.874 and ×1.812); DeepSeek-V2 and V2-Lite are
+#: bf16 checkpoints with YaRN factor 40, mscale_all_dim 0.707 (×1.590).
 BUILTIN_MODELS: Mapping[str, ModelConfig] = {
     m.name: m
     for m in (
-        _mla("deepseek-v3", 128),
-        _mla("deepseek-r1", 128),
-        _mla("deepseek-v2", 128),
-        _mla("deepseek-v2-lite", 16),
-        _mla("kimi-k2", 64),
-        _gqa("llama-3.1-8b", 32, 8, 128),
-        _gqa("llama-3.1-70b", 64, 8, 128),
+        _mla("deepseek-v3", 128, rope=_yarn(40, 1.0, 1.0), quant=FP8_BLOCK, mtp=1),
+        _mla("deepseek-r1", 128, rope=_yarn(40, 1.0, 1.0), quant=FP8_BLOCK, mtp=1),
+        _mla("deepseek-v2", 128, rope=_yarn(40, 0.707, 0.707)),
+        _mla("deepseek-v2-lite", 16, rope=_yarn(40, 0.707, 0.707)),
+        _mla("kimi-k2", 64, rope=_yarn(32.0, 1.0, 1.0, beta_fast=1.0, beta_slow=1.0), quant=FP8_BLOCK),
+        _gqa("llama-3.1-8b", 32, 8, 128, rope=LLAMA3_ROPE),
+        _gqa("llama-3.1-70b", 64, 8, 128, rope=LLAMA3_ROPE),
         _gqa("qwen2.5-7b", 28, 4, 128),
     )
 }

@@ -34,6 +34,9 @@ class KernelResult(TypedDict, total=False):
     case: dict[str, Any]  # the KernelCase
     errors: dict[str, Any]  # {"out": CloseResult, "lse": CloseResult | None}
     tolerance: dict[str, Any]
+    kv_scale: float | None  # the fp8 cache's scale of the run shown (k_scale = v_scale)
+    variants: list[dict[str, Any]]  # one entry per KV scale an fp8 case ran with (status, errors)
+    power: dict[str, Any]  # planted faults the check would catch (kernels/power.py; docs/check-power.md)
     time_s: float
     message: str | None  # why it failed
     reused: bool  # the result of an identical numeric case (another arch, another worker)

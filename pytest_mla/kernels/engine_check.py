@@ -56,14 +56,25 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     propagate.
     """
     from ._mode import ensure_triton_mode
-    from .compare import check_close, tolerance_for
-    from .harness import gen_case_inputs
+    from .compare import tolerance_for
+    from .harness import gen_checked_inputs, kv_scale_variants, merge_variants
+
+    ensure_triton_mode()
+    tol = tolerance_for(case.dtype, case.kv_dtype, fp8_dots=spec.fp8_dots)
+    records = []
+    for kv_scale in kv_scale_variants(case):
+        inputs, power = gen_checked_inputs(case, tol.out, kv_scale=kv_scale)
+        records.append(_run_once(case, spec, inputs, power, tol, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s))
+    return merge_variants(records)
+
+
+def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *, dcp_mode: str, where: str,
+              timeout_s: float) -> dict[str, Any]:
+    from .compare import check_close
     from .interpreter import interpreter_fixes
     from .reference import ref_mla_decode
     from ..core.targets import import_target
 
-    ensure_triton_mode()
-    inputs = gen_case_inputs(case)
     device = torch.device("cuda") if where != "interpreter" and torch.cuda.is_available() else torch.device("cpu")
     inputs = inputs.to(device)
     options = spec.option_map
@@ -94,7 +105,6 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
 
     ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
     out, lse, ref_out_parts, ref_lse_parts = _gather_heads(results, ref_out, ref_lse)
-    tol = tolerance_for(case.dtype, case.kv_dtype, fp8_dots=spec.fp8_dots)
     out_check = check_close("out", out, ref_out_parts, tol.out)
     lse_check = check_close("lse", lse, ref_lse_parts, tol.lse) if lse is not None else None
     checks = [c for c in (out_check, lse_check) if c is not None]
@@ -109,8 +119,10 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
         "functions": functions,
         "seed": case.seed,
         "case": case.as_dict(),
+        "kv_scale": inputs.kv_scale,
         "errors": {"out": out_check.as_dict(), "lse": lse_check.as_dict() if lse_check else None},
         "tolerance": tol.as_dict(),
+        "power": power,
         "time_s": round(elapsed, 4),
         "message": None if ok else "; ".join(c.message for c in checks if c.message),
     }

@@ -60,16 +60,22 @@ def _stable_seed(base: int, fields: Mapping[str, Any]) -> int:
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
+#: The long request of every case holds at least this many tokens: a 5% softmax-scale error moves
+#: the output in proportion to the spread of the attended logits, which grows with the log of
+#: the request's length (docs/check-power.md); at 6 tokens it stays inside an fp8 tolerance.
+MIN_LONG = 64
+
+
 def _check_seqlens(s_q: int, dcp: int, page_size: int, interleave: int) -> tuple[int, ...]:
     """Short mixed lengths for a check.
 
     ``long`` exceeds ``dcp * max(page_size, interleave)`` so every rank holds tokens
-    (over more than one page); the short ones leave ranks empty under DCP.
+    (over more than one page), and ``MIN_LONG``; the short ones leave ranks empty under DCP.
     Plain decode: 0 and 1 (nothing to attend / a single token). Spec verify:
     exactly ``s_q`` (the first query sees one token; the kernel's contract needs
     ``S >= s_q``).
     """
-    long = max(dcp * max(page_size, interleave) + page_size // 2 + 3, s_q + 5)
+    long = max(dcp * max(page_size, interleave) + page_size // 2 + 3, s_q + 5, MIN_LONG)
     return (1, long, 0) if s_q == 1 else (s_q, long)
 
 
@@ -130,15 +136,72 @@ def _import_kernel(text: str) -> Callable:
     return import_target(text)
 
 
-def gen_case_inputs(case: KernelCase) -> Any:
-    """The seeded, NaN-padded inputs of a case (``inputs.DecodeInputs``), on the CPU."""
-    from .inputs import gen_decode_inputs
+def gen_case_inputs(case: KernelCase, profile: Any = None, kv_scale: float | str | None = None) -> Any:
+    """The seeded, NaN-padded inputs of a case (``inputs.DecodeInputs``), on the CPU.
+
+    ``profile``: the ``inputs.LogitProfile`` q is drawn with (default
+    ``inputs.DISCRIMINATING``); ``kv_scale``: an fp8 cache's scale (see
+    ``kv_scale_variants``).
+    """
+    from .inputs import DISCRIMINATING, gen_decode_inputs
 
     return gen_decode_inputs(
         case.seqlens, s_q=case.s_q, h_q=case.h_q, h_kv=case.h_kv, d_qk=case.d_qk, d_v=case.d_v, mla=case.mla,
         page_size=case.page_size, dtype=case.dtype, kv_dtype=case.kv_dtype, softmax_scale=case.softmax_scale,
         spec_topk=case.spec_topk, spec_steps=case.spec_steps, seed=case.seed,
+        logits=DISCRIMINATING if profile is None else profile, dcp=(case.dcp, case.dcp_interleave), kv_scale=kv_scale,
     )
+
+
+#: Profiles tried, each more peaked than the last, before a case is declared too weak to check.
+MAX_PROFILES = 3
+
+
+def kv_scale_variants(case: KernelCase) -> list[float | str | None]:
+    """The KV-cache scales a case runs with: an fp8 cache runs with ``k_scale = 1`` (a checkpoint
+    without KV scales, e.g. DeepSeek-V3's FP8 release) and with a calibrated-style power of two
+    (a checkpoint that carries them); others have none."""
+    return [1.0, "pow2"] if case.kv_dtype.startswith("fp8") else [None]
+
+
+def gen_checked_inputs(case: KernelCase, tol_out: Any, *, kv_scale: float | str | None = None) -> tuple[Any, dict]:
+    """Inputs whose check can fail: ``(inputs, power)``.
+
+    Measures the case's power (``power.measure_power``) on the default profile
+    and, while a planted fault slips through, on stronger ones; raises
+    ``power.WeakCheck`` if none of ``MAX_PROFILES`` profiles catches them all —
+    such a case is never reported verified.
+    """
+    from .inputs import DISCRIMINATING
+    from .power import WeakCheck, measure_power
+
+    profile = DISCRIMINATING
+    for attempt in range(1, MAX_PROFILES + 1):
+        inputs = gen_case_inputs(case, profile, kv_scale)
+        power = measure_power(inputs, tol_out, dcp=(case.dcp, case.dcp_interleave))
+        if not power["undetected"]:
+            power["profile"] = profile.as_dict()
+            power["attempts"] = attempt
+            return inputs, power
+        if attempt < MAX_PROFILES:
+            profile = profile.stronger()
+    raise WeakCheck(f"the check cannot detect {', '.join(power['undetected'])} even with the strongest of "
+                    f"{MAX_PROFILES} input profiles ({profile.as_dict()}): not verified")
+
+
+def merge_variants(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One kernel record from the runs of a case's ``kv_scale_variants`` (verified only if every run is)."""
+    if len(records) == 1:
+        return records[0]
+    failing = [r for r in records if r["status"] != "verified"]
+    main = dict(failing[0] if failing else records[-1])
+    main["variants"] = [{"kv_scale": r["kv_scale"], "status": r["status"],
+                         "out_max_abs": r["errors"]["out"]["max_abs_err"], "out_cos_diff": r["errors"]["out"]["cos_diff"],
+                         **({"message": r["message"]} if r.get("message") else {})} for r in records]
+    main["time_s"] = round(sum(r["time_s"] for r in records), 4)
+    undetected = sorted({u for r in records for u in r["power"]["undetected"]})
+    main["power"] = {**main["power"], "undetected": undetected}
+    return main
 
 
 def run_kernel_check(
@@ -161,13 +224,25 @@ def run_kernel_check(
     """
     if dcp_mode not in DCP_MODES:
         raise ValueError(f"unknown dcp_mode {dcp_mode!r} (known: {', '.join(DCP_MODES)})")
+    from .compare import tolerance_for
+
+    tol = tolerance_for(case.dtype, case.kv_dtype)
+    records = []
+    for kv_scale in kv_scale_variants(case):
+        inputs, power = gen_checked_inputs(case, tol.out, kv_scale=kv_scale)
+        records.append(_run_once(case, inputs, power, tol, kernel, dcp_mode=dcp_mode, where=where, merge=merge,
+                                 timeout_s=timeout_s))
+    return merge_variants(records)
+
+
+def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Callable | str, *, dcp_mode: str,
+              where: str, merge: Callable | str | None, timeout_s: float) -> dict[str, Any]:
     import torch
 
-    from .compare import check_close, tolerance_for
+    from .compare import check_close
     from .dcp import gen_dcp_shards, run_shards
     from .reference import ref_mla_decode
 
-    inputs = gen_case_inputs(case)
     if where != "interpreter" and torch.cuda.is_available():
         inputs = inputs.to("cuda")
 
@@ -192,7 +267,6 @@ def run_kernel_check(
         elapsed = time.perf_counter() - start
 
     ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
-    tol = tolerance_for(case.dtype, case.kv_dtype)
     out_check = check_close("out", out, ref_out, tol.out)
     lse_check = check_close("lse", lse, ref_lse, tol.lse)
     ok = out_check.ok and lse_check.ok
@@ -202,8 +276,10 @@ def run_kernel_check(
         "where": where,
         "seed": case.seed,
         "case": case.as_dict(),
+        "kv_scale": inputs.kv_scale,
         "errors": {"out": out_check.as_dict(), "lse": lse_check.as_dict()},
         "tolerance": tol.as_dict(),
+        "power": power,
         "time_s": round(elapsed, 4),
         "message": None if ok else "; ".join(messages),
     }

@@ -1,6 +1,17 @@
-"""Seeded decode inputs, following FlashMLA's test practice.
+"""Seeded decode inputs, following FlashMLA's test practice, with queries that make a check able to fail.
 
-* q and KV ~ ``randn / 10`` clamped to [-1, 1].
+* KV ~ ``randn / 10`` clamped to [-1, 1] (FlashMLA's distribution).
+* q is drawn so that the attention logits *at the case's own softmax scale*
+  look like real attention (``LogitProfile``): ordinary tokens spread with a
+  standard deviation of 1.5, one planted token per (request, query, head)
+  dominates (the newest, the first, the tokens either side of a page boundary,
+  one on every DCP rank, random ones — cycled over the heads), a token the
+  speculative mask hides would dominate if the mask were dropped, and under DCP
+  one rank's tokens are pushed down so that it holds almost none of the mass
+  while another holds most. With FlashMLA's ``randn / 10`` queries the logits
+  of a 576-wide MLA head have a standard deviation of about 0.017: every
+  softmax is nearly uniform and a 25% scale error stays inside the bf16
+  tolerance (see docs/check-power.md).
 * Paged cache with a randomly permuted block table; cache slots past each
   sequence's length and spare pages are NaN, and unused block-table entries hold
   ``UNUSED_PAGE`` (2**30), so any out-of-bounds read shows as NaN or a crash.
@@ -18,7 +29,9 @@ from typing import Sequence
 import torch
 
 __all__ = [
+    "DISCRIMINATING",
     "DTYPES",
+    "LogitProfile",
     "UNUSED_PAGE",
     "DecodeInputs",
     "gen_decode_inputs",
@@ -37,6 +50,41 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FP8_E4M3_MAX = 448.0
 #: KV-cache dtypes of an fp8 cache: the torch dtype and its largest finite value.
 FP8_DTYPES = {"fp8_e4m3": (torch.float8_e4m3fn, FP8_E4M3_MAX), "fp8_e5m2": (torch.float8_e5m2, 57344.0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitProfile:
+    """The attention logits a case's queries produce at its softmax scale.
+
+    Per (request, query, head): ordinary visible tokens get logits of standard
+    deviation ``spread``; one planted visible token gets ``target_share`` of
+    the softmax mass (which token cycles over the heads, see
+    ``_planted_targets``); under speculative verify one token the mask hides
+    is set so that it would take ``hidden_share`` of the mass if the mask were
+    dropped; under DCP the visible tokens of one rank other than the target's
+    sit ``quiet`` below their ordinary logits for every other head (that rank
+    holds almost nothing, the target's rank most; the other heads keep every
+    rank's share, which a wrong LSE base or equal weights would change). Logit values are set exactly on those tokens (a
+    least-norm correction of q), not on average.
+    """
+
+    spread: float = 1.5
+    target_share: float = 0.7
+    hidden_share: float = 0.9
+    quiet: float = 4.0
+
+    def stronger(self) -> "LogitProfile":
+        """A more peaked profile, for a case whose power measurement saw a planted fault slip through."""
+        # Wider gaps between logits make a scale error move more mass; the target's share stays
+        # (a saturated softmax hides a scale error).
+        return LogitProfile(self.spread * 1.5, self.target_share, self.hidden_share, self.quiet)
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+#: The default profile of every check (our kernel's and the engines').
+DISCRIMINATING = LogitProfile()
 
 
 @dataclasses.dataclass
@@ -175,6 +223,148 @@ def gen_poisoned_out(b: int, s_q: int, h_q: int, d_v: int, dtype: torch.dtype,
     return torch.full((b, s_q, h_q, d_v), math.nan, dtype=dtype, device=device)
 
 
+def _visible(n: int, s_q: int, i: int, tree_mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """Which of a request's ``n`` tokens query ``i`` sees (``reference.ref_attend``'s rule), ``[n]`` bool."""
+    pos = torch.arange(n)
+    first_draft = n - s_q
+    if tree_mask is not None:
+        draft = (pos - first_draft).clamp(min=0, max=s_q - 1)
+        return (pos < first_draft) | tree_mask[i, draft]
+    if causal:
+        return pos <= first_draft + i
+    return torch.ones(n, dtype=torch.bool)
+
+
+def _planted_targets(visible: torch.Tensor, page_size: int, owners: torch.Tensor, world: int) -> list[int]:
+    """Positions worth a head's dominant token, in order: the newest visible token, the first, the
+    tokens either side of the first page boundary, the first token of every DCP rank (so every
+    rank dominates some head). Heads cycle through them; a head past them takes a random one."""
+    idx = visible.nonzero().flatten().tolist()
+    if not idx:
+        return []
+    wanted = [idx[-1], idx[0], page_size - 1, page_size, *(idx[len(idx) // 2:len(idx) // 2 + 1])]
+    for r in range(world):
+        mine = [p for p in idx if int(owners[p]) == r]
+        if mine:
+            wanted.append(mine[0])
+    seen: list[int] = []
+    for p in wanted:
+        if p in idx and p not in seen:
+            seen.append(p)
+    return seen
+
+
+def gen_planted_q(
+    z: torch.Tensor,  # [b, s_q, h_q, d_qk] standard normal draws
+    k_rows: Sequence[torch.Tensor],  # per request [n, h_kv, d_qk] float64, as the reference reads them
+    softmax_scale: float,
+    profile: LogitProfile,
+    generator: torch.Generator,
+    *,
+    page_size: int,
+    tree_mask: torch.Tensor | None = None,  # [b, s_q, s_q]
+    causal: bool = True,
+    dcp: tuple[int, int] = (1, 1),  # (world, interleave): the rank that owns each position
+) -> torch.Tensor:
+    """Queries ``[b, s_q, h_q, d_qk]`` (float64) whose logits follow ``profile`` at ``softmax_scale``.
+
+    Per (request, query), for all heads at once: ``a·z`` gives ordinary logits
+    a spread of ``profile.spread`` (``a`` from the rms norm of the visible
+    keys); the least-norm direction that lowers every visible key of a rank by
+    ``profile.quiet`` is added for the head's quiet rank; then, twice (each
+    correction moves the other tokens a little), the combination of the target's
+    and the hidden token's keys that puts exactly those two logits where the
+    profile wants them. Heads of one KV group share its keys.
+    """
+    b, s_q, h_q, d_qk = z.shape
+    world, interleave = dcp
+    q = torch.zeros(b, s_q, h_q, d_qk, dtype=torch.float64)
+    heads = torch.arange(h_q)
+    for r_i, rows in enumerate(k_rows):
+        n = rows.shape[0]
+        if n == 0:  # nothing to attend: FlashMLA's plain draw
+            q[r_i] = (z[r_i] / 10).clamp(-1.0, 1.0)
+            continue
+        h_kv = rows.shape[1]
+        kv_of = heads // (h_q // h_kv)  # [h_q] KV head of each query head
+        keys = rows.permute(1, 0, 2).contiguous()  # [h_kv, n, d_qk]
+        norms2 = (keys * keys).sum(-1)  # [h_kv, n]
+        owners = (torch.arange(n) // interleave) % world
+        lowering: dict[tuple[int, int, bytes], torch.Tensor] = {}  # (kv head, rank, visible set) -> direction
+        for i in range(s_q):
+            vis = _visible(n, s_q, i, tree_mask[r_i] if tree_mask is not None else None, causal)  # [n]
+            vis_idx = vis.nonzero().flatten()
+            hidden = (~vis).nonzero().flatten()
+            rms = norms2[:, vis_idx if vis_idx.numel() else slice(None)].mean(-1).sqrt().clamp(min=1e-30)  # [h_kv]
+            v = z[r_i, i].to(torch.float64) * (profile.spread / (softmax_scale * rms[kv_of]))[:, None]  # [h_q, d]
+            targets = _planted_targets(vis, page_size, owners, world)
+            if not targets:  # this query sees nothing: its logits do not matter
+                q[r_i, i] = v
+                continue
+            laps = heads // len(targets)
+            drawn = vis_idx[torch.randint(len(vis_idx), (h_q,), generator=generator)]
+            t = torch.where(laps % 2 == 0, torch.tensor(targets)[heads % len(targets)], drawn)  # [h_q]
+            u = hidden[torch.randint(hidden.numel(), (h_q,), generator=generator)] if hidden.numel() else None
+
+            if world > 1:
+                quiet = (owners[t] + 1 + laps) % world
+                quiet = torch.where(quiet == owners[t], (quiet + 1) % world, quiet)  # [h_q]
+                # Every other head keeps all ranks in play: with two ranks a quiet one leaves nothing
+                # for the merge's weights to get wrong (a base-2 LSE read as natural log shows where
+                # ranks share the mass unevenly, not where one holds it all).
+                quiet = torch.where(heads % 2 == 0, quiet, -1)
+                for kv in range(h_kv):
+                    for rank in range(world):
+                        chosen = (kv_of == kv) & (quiet == rank)
+                        members = vis_idx[owners[vis_idx] == rank]
+                        if not (members.numel() and chosen.any()):
+                            continue
+                        key = (kv, rank, vis.numpy().tobytes())
+                        if key not in lowering:
+                            lowering[key] = _least_norm(keys[kv, members], -profile.quiet / softmax_scale)
+                        v[chosen] += lowering[key]
+
+            group = h_q // h_kv
+            k_t = keys[kv_of, t]  # [h_q, d]
+            k_u = keys[kv_of, u] if u is not None else None
+            others = vis[None, :].expand(h_q, n).clone()
+            others[heads, t] = False
+            for _ in range(2):
+                logits = softmax_scale * torch.einsum("kgd,knd->kgn", v.view(h_kv, group, d_qk), keys).reshape(h_q, n)
+                want_t = torch.where(others.any(-1), _share_logits(profile.target_share, logits, others),
+                                     logits[heads, t])
+                if k_u is None:
+                    step = (want_t - logits[heads, t]) / softmax_scale
+                    v = v + (step / (k_t * k_t).sum(-1))[:, None] * k_t
+                    continue
+                with_target = logits.clone()
+                with_target[heads, t] = want_t
+                want_u = _share_logits(profile.hidden_share, with_target, vis[None, :].expand(h_q, n))
+                # [alpha, beta] with v += alpha·k_t + beta·k_u hitting both logits: a 2x2 solve per head
+                tt, tu, uu = (k_t * k_t).sum(-1), (k_t * k_u).sum(-1), (k_u * k_u).sum(-1)
+                gram = torch.stack([torch.stack([tt, tu], -1), torch.stack([tu, uu], -1)], -2)  # [h_q, 2, 2]
+                rhs = torch.stack([want_t - logits[heads, t], want_u - logits[heads, u]], -1) / softmax_scale
+                coef = torch.linalg.solve(gram, rhs[..., None])[..., 0]  # [h_q, 2]
+                v = v + coef[:, :1] * k_t + coef[:, 1:] * k_u
+            q[r_i, i] = v
+    return q
+
+
+def _least_norm(k: torch.Tensor, value: float) -> torch.Tensor:
+    """The shortest ``x`` with ``k @ x == value`` for every row of ``k`` ``[m, d]`` (least squares when m > d)."""
+    m, d = k.shape
+    rhs = torch.full((m, 1), value, dtype=torch.float64)
+    if m <= d:
+        gram = k @ k.T + 1e-12 * torch.eye(m, dtype=torch.float64)
+        return (k.T @ torch.linalg.solve(gram, rhs)).flatten()
+    return torch.linalg.lstsq(k, rhs).solution.flatten()
+
+
+def _share_logits(share: float, logits: torch.Tensor, among: torch.Tensor) -> torch.Tensor:
+    """Per row, the logit that takes ``share`` of the softmax mass from the tokens ``among`` (``[rows, n]``)."""
+    return math.log(share / (1.0 - share)) + torch.where(among, logits, -math.inf).logsumexp(-1)
+
+
 def gen_decode_inputs(
     seqlens: Sequence[int],
     *,
@@ -191,13 +381,25 @@ def gen_decode_inputs(
     spec_topk: int = 1,
     spec_steps: int = 0,
     seed: int = 0,
+    logits: LogitProfile | None = DISCRIMINATING,
+    dcp: tuple[int, int] = (1, 1),
+    kv_scale: float | str | None = None,
 ) -> DecodeInputs:
     """Seeded inputs for one decode call: ``len(seqlens)`` requests of ``s_q`` query tokens.
 
     ``mla``: one latent KV head whose first ``d_v`` columns are V; otherwise GQA
     with separate ``v_cache``. ``spec_topk > 1`` draws a tree mask (``s_q`` must
     be ``1 + topk * steps``); otherwise the mask is causal (chain or plain decode).
-    ``kv_dtype="fp8_e4m3"`` quantises the cache with a power-of-two scale.
+    ``logits``: how q is drawn (``LogitProfile``; ``None`` = FlashMLA's plain
+    ``randn / 10``, whose logits are nearly flat). ``dcp``: ``(world,
+    interleave)`` of the ranks the cache will be split over (the profile's quiet
+    rank). ``kv_dtype="fp8_e4m3"`` / ``"fp8_e5m2"`` quantises the cache with
+    ``kv_scale``: ``"pow2"`` (default: the power of two that maps the cache's
+    amax into the format, as a calibration pass would choose it, rounded so that
+    dequantised and re-quantised values stay exact in every dtype),
+    ``"calibrated"`` (amax over the format's largest value, unrounded), ``1.0``
+    (a checkpoint without KV scales), or a number. With an fp8 cache q is rounded through the cache's fp8
+    format too, so a kernel that feeds q to an fp8 MMA rounds nothing.
     """
     if mla and h_kv != 1:
         raise ValueError("an MLA cache has one latent head (h_kv = 1)")
@@ -205,37 +407,69 @@ def gen_decode_inputs(
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
     if kv_dtype != "auto" and kv_dtype not in FP8_DTYPES:
         raise ValueError(f"unknown kv_dtype {kv_dtype!r} (known: auto, {', '.join(FP8_DTYPES)})")
+    if spec_topk > 1 and s_q != 1 + spec_topk * spec_steps:
+        raise ValueError(f"a {spec_topk}x{spec_steps} tree verifies {1 + spec_topk * spec_steps} tokens, not s_q={s_q}")
     torch_dtype = DTYPES[dtype]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d_qk)
     g = gen_generator(seed)
     b = len(seqlens)
 
-    q = gen_uniform_values((b, s_q, h_q, d_qk), g).to(torch_dtype)  # [b, s_q, h_q, d_qk]
+    z = torch.randn(b, s_q, h_q, d_qk, generator=g)  # [b, s_q, h_q, d_qk]
     k_rows = [gen_uniform_values((n, h_kv, d_qk), g) for n in seqlens]  # [s_k, h_kv, d_qk] each
     v_rows = None if mla else [gen_uniform_values((n, h_kv, d_v), g) for n in seqlens]
     kv_cache, v_cache, block_table = gen_paged_cache(k_rows, page_size, g, v_rows=v_rows)
 
-    kv_scale = None
+    fp8_scale = None
     if kv_dtype in FP8_DTYPES:
-        kv_cache, kv_scale = gen_fp8(kv_cache, kind=kv_dtype)  # values are in [-1, 1]: K and V share one scale
+        kv_cache, fp8_scale = gen_fp8(kv_cache, scale=_fp8_scale(kv_cache, kv_scale, kv_dtype), kind=kv_dtype)
         if v_cache is not None:
-            v_cache, _ = gen_fp8(v_cache, scale=kv_scale, kind=kv_dtype)
+            v_cache, _ = gen_fp8(v_cache, scale=fp8_scale, kind=kv_dtype)
     else:
         kv_cache = kv_cache.to(torch_dtype)
         v_cache = v_cache.to(torch_dtype) if v_cache is not None else None
 
-    tree_mask = None
-    if spec_topk > 1:
-        if s_q != 1 + spec_topk * spec_steps:
-            raise ValueError(f"a {spec_topk}x{spec_steps} tree verifies {1 + spec_topk * spec_steps} tokens, not s_q={s_q}")
-        tree_mask = gen_tree_mask(spec_topk, spec_steps, g, batch=b)
+    tree_mask = gen_tree_mask(spec_topk, spec_steps, g, batch=b) if spec_topk > 1 else None
+
+    if logits is None:
+        q = (z / 10).clamp(-1.0, 1.0)  # FlashMLA's randn / 10 (nearly flat logits)
+    else:
+        # the keys as the reference reads them (dequantised), request by request
+        seen = [_dequantised_rows(kv_cache, block_table[i], n, fp8_scale) for i, n in enumerate(seqlens)]
+        q = gen_planted_q(z, seen, scale, logits, g, page_size=page_size, tree_mask=tree_mask, dcp=dcp)
+    if kv_dtype in FP8_DTYPES:
+        q = q.to(FP8_DTYPES[kv_dtype][0]).to(torch.float64)  # exact in bf16 / fp16 / fp32 too
+    q = q.to(torch_dtype)
     return DecodeInputs(
         q=q,
         kv_cache=kv_cache,
         block_table=block_table,
         cache_seqlens=torch.tensor(list(seqlens), dtype=torch.int32),
         head_dim_v=d_v,
-        softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d_qk),
+        softmax_scale=scale,
         v_cache=v_cache,
-        kv_scale=kv_scale,
+        kv_scale=fp8_scale,
         tree_mask=tree_mask,
     )
+
+
+def _fp8_scale(cache: torch.Tensor, kv_scale: float | str | None, kind: str) -> float:
+    """The per-tensor scale of an fp8 cache (see ``gen_decode_inputs``)."""
+    finite = cache[torch.isfinite(cache)]
+    amax = float(finite.abs().max()) if finite.numel() else 1.0
+    fmax = FP8_DTYPES[kind][1]
+    if kv_scale == "calibrated":
+        return max(amax, 1e-30) / fmax
+    if kv_scale is None or kv_scale == "pow2":
+        return 2.0 ** math.ceil(math.log2(max(amax, 1e-30) / fmax))
+    if isinstance(kv_scale, str):
+        raise ValueError(f"unknown kv_scale {kv_scale!r} (known: calibrated, pow2, or a number)")
+    if not kv_scale > 0:
+        raise ValueError(f"kv_scale must be positive, got {kv_scale!r}")
+    return float(kv_scale)
+
+
+def _dequantised_rows(cache: torch.Tensor, block_table_row: torch.Tensor, n: int, scale: float | None) -> torch.Tensor:
+    page_size = cache.shape[1]
+    pages = block_table_row[: -(-n // page_size)].long()
+    rows = cache[pages].reshape(-1, *cache.shape[2:])[:n].to(torch.float64)
+    return rows * scale if scale is not None else rows

@@ -289,3 +289,33 @@ def test_builtin_matrix_loads_with_1440_cells():
     m = load_matrix(pathlib.Path(__file__).parents[2] / "matrix" / "reference.toml")
     assert m.size == 1440
     assert len(list(m.cells())) == 1440
+
+
+def test_inconsistent_rope_scaling_and_quantization_name_file_line_and_field(tmp_path):
+    body = """
+    [models.yarn-without-length]
+    mla = true
+    num_heads = 16
+    kv_lora_rank = 512
+    qk_rope_head_dim = 64
+    qk_nope_head_dim = 128
+    v_head_dim = 128
+    rope_scaling = { type = "yarn", factor = 40, mscale_all_dim = 0.707 }
+
+    [models.odd-quant]
+    mla = false
+    num_heads = 8
+    head_dim = 64
+
+    [models.odd-quant.quantization]
+    quant_method = "int3"
+    """
+    axes = AXES.replace('["deepseek-v3", "llama-3.1-8b"]', '["yarn-without-length", "odd-quant"]')
+    path = write(tmp_path, body, axes)
+    lines = problems(tmp_path, body, axes)
+    assert lines == [
+        f"matrix/m.toml:{line_of(path, 'rope_scaling =')}: models.yarn-without-length.rope_scaling.factor: "
+        "a YaRN factor (40) needs original_max_position_embeddings",
+        f"matrix/m.toml:{line_of(path, 'quant_method')}: models.odd-quant.quantization.quant_method: "
+        "unknown quantization method 'int3' (known: fp8, modelopt, modelopt_fp4, compressed-tensors, w8a8_fp8)",
+    ]

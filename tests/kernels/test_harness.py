@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 
 import pytest
@@ -10,7 +12,7 @@ from pytest_mla.core.models import BUILTIN_MODELS
 from pytest_mla.kernels.harness import KernelCase, case_for, run_kernel_check
 from pytest_mla.kernels.reference import ref_kernel
 
-RECORD_KEYS = {"status", "where", "seed", "case", "errors", "tolerance", "time_s", "message"}
+RECORD_KEYS = {"status", "where", "seed", "case", "errors", "tolerance", "time_s", "message", "kv_scale", "power"}
 
 
 def coords(model="deepseek-v3", dcp=1, spec="none", arch="sm90", backend="triton", **extra):
@@ -24,7 +26,8 @@ def case(model="deepseek-v3", **kw):
 def test_deepseek_case_has_real_dims_and_heads_per_rank():
     c = case("deepseek-v3")
     assert (c.mla, c.d_qk, c.d_v, c.h_q, c.h_kv, c.s_q) == (True, 576, 512, 128, 1, 1)
-    assert c.softmax_scale == pytest.approx(192**-0.5)
+    # DeepSeek-V3's YaRN (factor 40, mscale_all_dim 1) multiplies 1/sqrt(128 + 64) by mscale^2
+    assert c.softmax_scale == pytest.approx(192**-0.5 * (0.1 * 1.0 * math.log(40) + 1) ** 2)
     assert case("deepseek-v3", tp=8).h_q == 16
 
 
@@ -95,6 +98,8 @@ def test_record_of_a_verified_run_is_plain(assert_plain):
     assert set(rec["errors"]) == {"out", "lse"} and rec["errors"]["out"]["ok"]
     assert {"max_abs_err", "max_rel_err", "cos_diff", "fail_frac", "worst_pos", "nan_mismatch"} <= set(rec["errors"]["out"])
     assert set(rec["tolerance"]) == {"out", "lse"} and rec["time_s"] >= 0
+    assert rec["power"]["undetected"] == [] and {"scale_x1.05", "misread_token", "mask_dropped",
+                                                  "merge_equal_weights", "lse_base_swapped"} == set(rec["power"]["faults"])
     assert_plain(rec)
     json.dumps(rec, allow_nan=False)
 
@@ -147,3 +152,35 @@ def test_kernel_crash_propagates():
 
     with pytest.raises(RuntimeError, match="boom"):
         run_kernel_check(_small_case(), broken)
+
+
+def scale_blind_kernel(*args, **kwargs):
+    """Dequantises an fp8 cache as if its scale were 1 (the write or the read ignores k_scale)."""
+    args = list(args)
+    args[7] = None  # kv_scale
+    return ref_kernel(*args, **kwargs)
+
+
+def test_fp8_cases_run_with_k_scale_one_and_a_calibrated_scale():
+    c = _small_case(kv_dtype="fp8_e4m3")
+    rec = run_kernel_check(c, ref_kernel, where="interpreter")
+    assert rec["status"] == "verified", rec["message"]
+    scales = [v["kv_scale"] for v in rec["variants"]]
+    assert scales[0] == 1.0 and scales[1] != 1.0 and math.log2(scales[1]).is_integer()
+    assert all(v["status"] == "verified" for v in rec["variants"])
+
+
+def test_a_kernel_that_ignores_k_scale_fails_only_where_the_scale_is_not_one():
+    rec = run_kernel_check(_small_case(kv_dtype="fp8_e4m3"), scale_blind_kernel, where="interpreter")
+    assert rec["status"] == "failed"
+    assert [v["status"] for v in rec["variants"]] == ["verified", "failed"]
+    assert rec["kv_scale"] != 1.0  # the record shows the failing run
+
+
+def test_a_case_whose_tolerance_sees_nothing_is_never_verified():
+    from pytest_mla.kernels.compare import Tolerance
+    from pytest_mla.kernels.harness import gen_checked_inputs
+    from pytest_mla.kernels.power import WeakCheck
+
+    with pytest.raises(WeakCheck, match="cannot detect scale_x1.05"):
+        gen_checked_inputs(_small_case(), Tolerance(abs=10.0, rel=10.0, cos=1.0))

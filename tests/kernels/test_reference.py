@@ -152,7 +152,8 @@ def test_inputs_poison_and_block_table():
     nan_rows = x.kv_cache.float().isnan().all(-1).all(-1)
     assert torch.equal(nan_rows, ~used)  # NaN exactly past lengths and in spare pages
     assert gen_poisoned_out(2, 1, 2, 8, torch.bfloat16).isnan().all()
-    assert x.q.abs().max() <= 1.0
+    flat = gen_decode_inputs([0, 5, 17], s_q=1, h_q=2, d_qk=8, d_v=8, page_size=4, seed=5, logits=None)
+    assert flat.q.abs().max() <= 1.0  # logits=None: FlashMLA's randn / 10, clamped
 
 
 def test_fp8_scale_is_a_power_of_two_and_dequantises():

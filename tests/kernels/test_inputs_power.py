@@ -1,0 +1,166 @@
+"""Inputs that make a check able to fail, and the power measurement that proves it.
+
+The logit profile is checked on the logits it produces (computed here from q
+and the cache, independently of the generator); the power measurement is
+checked against faults planted by hand, and against the inputs' predecessor
+(FlashMLA's flat ``randn / 10`` queries), which it must find blind.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pytest_mla.core.models import BUILTIN_MODELS
+from pytest_mla.kernels.compare import FP8_DOT_TOLERANCES, TOLERANCES, Tolerance, check_close
+from pytest_mla.kernels.inputs import DISCRIMINATING, LogitProfile, gen_decode_inputs
+from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power
+from pytest_mla.kernels.reference import ref_gather, ref_merge, ref_mla_decode
+
+V3 = BUILTIN_MODELS["deepseek-v3"]
+BF16 = TOLERANCES["bf16"].out
+
+
+def logits_of(x, request: int, query: int) -> torch.Tensor:
+    """``[h_q, n]`` scaled logits of one query over the request's cached keys, in float64."""
+    n = int(x.cache_seqlens[request])
+    k = ref_gather(x.kv_cache, x.block_table[request], n).to(torch.float64) * (x.kv_scale or 1.0)
+    q = x.q[request, query].to(torch.float64)  # [h_q, d]
+    group = q.shape[0] // k.shape[1]
+    return torch.einsum("hd,hnd->hn", q, k.permute(1, 0, 2).repeat_interleave(group, 0)) * x.softmax_scale
+
+
+def mla(seqlens, s_q=1, h_q=16, page=16, **kw):
+    return gen_decode_inputs(seqlens, s_q=s_q, h_q=h_q, d_qk=576, d_v=512, page_size=page,
+                             softmax_scale=V3.softmax_scale, **kw)
+
+
+def test_planted_target_holds_its_share_and_the_newest_first_and_page_tokens_dominate_some_head():
+    x = mla([1, 90, 0], seed=3)
+    probs = torch.softmax(logits_of(x, 1, 0), -1)  # [h, 90]
+    top, where = probs.max(-1)
+    assert (top > DISCRIMINATING.target_share - 0.05).all(), top
+    assert (top < DISCRIMINATING.target_share + 0.05).all(), top
+    assert {89, 0, 15, 16} <= set(where.tolist())  # newest, first, either side of the first page boundary
+    ordinary = logits_of(x, 1, 0)
+    ordinary = ordinary.masked_fill(torch.nn.functional.one_hot(where, 90).bool(), math.nan)
+    spread = torch.nanmean((ordinary - torch.nanmean(ordinary, -1, keepdim=True)) ** 2, -1).sqrt()
+    assert (spread > 1.0).all() and (spread < 2.2).all(), spread  # realistic spread, not ~0.02
+    assert probs[:, :].shape == (16, 90) and torch.equal(x.q[2].float(), x.q[2].float())
+
+
+def test_flat_queries_are_flat():
+    x = mla([1, 90, 0], seed=3, logits=None)
+    assert logits_of(x, 1, 0).std() < 0.05  # why the old checks were blind
+
+
+def test_dcp_one_rank_holds_most_and_another_almost_nothing():
+    world = 4
+    x = mla([1, 150, 0], seed=4, dcp=(world, 1))
+    probs = torch.softmax(logits_of(x, 1, 0), -1)  # [h, 150]
+    owners = torch.arange(150) % world
+    per_rank = torch.stack([probs[:, owners == r].sum(-1) for r in range(world)], -1)  # [h, world]
+    assert (per_rank.max(-1).values > 0.65).all(), per_rank
+    assert (per_rank[0::2].min(-1).values < 0.01).all(), per_rank  # even heads: one rank quiet
+    assert (per_rank[1::2].min(-1).values > 0.01).any(), per_rank  # odd heads: every rank in play
+    assert set(per_rank.argmax(-1).tolist()) == set(range(world))  # every rank dominates some head
+
+
+@pytest.mark.parametrize("tree", [(1, 3), (4, 3)], ids=["chain", "tree"])
+def test_a_hidden_token_would_dominate_if_the_mask_were_dropped(tree):
+    topk, steps = tree
+    s_q = 1 + topk * steps
+    x = mla([s_q + 40], s_q=s_q, spec_topk=topk, spec_steps=steps, seed=5)
+    n = s_q + 40
+    for i in range(s_q - 1):  # the last chain query sees everything
+        logits = logits_of(x, 0, i)
+        visible = torch.arange(n) <= n - s_q + i if topk == 1 else torch.cat(
+            [torch.ones(n - s_q, dtype=torch.bool), x.tree_mask[0, i]])
+        if visible.all():
+            continue
+        unmasked = torch.softmax(logits, -1)
+        assert (unmasked[:, ~visible].sum(-1) > 0.85).all()  # the mask decides the answer
+
+
+def test_fp8_queries_are_exact_in_the_cache_format_and_scales_are_as_asked():
+    x = mla([9], kv_dtype="fp8_e4m3", seed=6)
+    assert torch.equal(x.q.to(torch.float8_e4m3fn).to(x.q.dtype), x.q)
+    assert x.kv_scale != 1.0 and math.log2(x.kv_scale) == int(math.log2(x.kv_scale))
+    one = mla([9], kv_dtype="fp8_e4m3", seed=6, kv_scale=1.0)
+    assert one.kv_scale == 1.0
+    with pytest.raises(ValueError, match="kv_scale"):
+        mla([9], kv_dtype="fp8_e4m3", kv_scale="sometimes")
+
+
+# ---- power -----------------------------------------------------------------------------------
+
+
+def test_power_of_the_new_inputs_covers_every_planted_fault():
+    x = mla([4, 150], s_q=4, spec_topk=1, spec_steps=3, seed=7, dcp=(4, 1))
+    power = measure_power(x, BF16, dcp=(4, 1))
+    assert set(power["faults"]) == set(PLANTED_FAULTS)
+    assert power["undetected"] == [], power
+
+
+def test_flat_inputs_are_blind_to_a_scale_error_and_a_wrong_lse_base():
+    x = mla([1, 150, 0], seed=8, dcp=(4, 1), logits=None)
+    power = measure_power(x, BF16, dcp=(4, 1))
+    assert {"scale_x1.05", "lse_base_swapped"} <= set(power["undetected"])
+
+
+def test_power_agrees_with_a_fault_planted_by_hand():
+    """The scale fault, planted into a float64 run by hand, fails the comparison exactly when power says so."""
+    for logits in (None, DISCRIMINATING):
+        x = mla([1, 120, 0], seed=9, logits=logits)
+        ref, _ = ref_mla_decode(**x.ref_args())
+        faulty, _ = ref_mla_decode(**{**x.ref_args(), "softmax_scale": x.softmax_scale * 1.05})
+        loose = Tolerance(BF16.abs * 2, BF16.rel * 2, BF16.cos * 2)
+        caught = not check_close("out", faulty, ref, loose).ok
+        assert measure_power(x, BF16)["faults"]["scale_x1.05"]["detected"] == caught
+        assert caught == (logits is not None)
+
+
+def test_power_of_a_wrong_merge_matches_ref_merge_with_equal_weights():
+    """merge_equal_weights: the fault is what ref_merge computes with every rank's LSE set equal."""
+    world = 2
+    x = mla([60], seed=10, dcp=(world, 1))
+    ref, _ = ref_mla_decode(**x.ref_args())
+    parts = []
+    for r in range(world):
+        keep = (torch.arange(60) % world) == r
+        sub = x.kv_cache.clone()
+        n = 60
+        rows = ref_gather(sub, x.block_table[0], n)
+        rows[~keep] = 0
+        # a rank's partial: attend over its own tokens only (others masked by -inf scores)
+        k = ref_gather(x.kv_cache, x.block_table[0], n).to(torch.float64)[keep]
+        s = torch.einsum("hd,nd->hn", x.q[0, 0].double(), k[:, 0]) * x.softmax_scale
+        lse = torch.logsumexp(s, -1)
+        out = torch.einsum("hn,nd->hd", torch.softmax(s, -1), k[:, 0, :512])
+        parts.append((out[None, None], lse[None, :, None]))
+    equal, _ = ref_merge([o for o, _ in parts], [torch.zeros_like(lse) for _, lse in parts])
+    loose = Tolerance(BF16.abs * 2, BF16.rel * 2, BF16.cos * 2)
+    caught = not check_close("out", equal, ref, loose).ok
+    assert caught and measure_power(x, BF16, dcp=(world, 1))["faults"]["merge_equal_weights"]["detected"]
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("page,dcp,spec", [(1, 1, "none"), (64, 4, "none"), (1, 1, "tree"), (64, 4, "chain")])
+def test_default_or_stronger_profile_detects_everything_at_model_scale(kv, page, dcp, spec):
+    """The shapes the engine matrices check (V3 at its YaRN scale), with the tolerance each would use."""
+    from pytest_mla.kernels.harness import _check_seqlens
+
+    s_q, tree = {"none": (1, (1, 0)), "chain": (4, (1, 3)), "tree": (13, (4, 3))}[spec]
+    seqlens = tuple(max(n, 1) for n in _check_seqlens(s_q, dcp, page, 1))  # min_seqlen 1, as SGLang's checks
+    tol = (FP8_DOT_TOLERANCES["fp8_e4m3"] if kv != "auto" else TOLERANCES["bf16"]).out
+    profile: LogitProfile = DISCRIMINATING
+    for _ in range(3):
+        x = mla(seqlens, s_q=s_q, page=page, spec_topk=tree[0], spec_steps=tree[1], kv_dtype=kv,
+                dcp=(dcp, 1), seed=11, logits=profile)
+        power = measure_power(x, tol, dcp=(dcp, 1))
+        if not power["undetected"]:
+            break
+        profile = profile.stronger()
+    assert power["undetected"] == [], power
