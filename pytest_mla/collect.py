@@ -20,8 +20,10 @@ import pytest
 
 from .core.cells import Cell
 from .core.errors import MatrixError
+from .core.plain import json_safe
 from .core.records import CellRecord, crash_record, kernel_of
 from .core.rules import Expectation
+from .core.text import visible
 from .core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, VERIFIED, XFAIL, XPASS
 from .options import MATRIX_OPTION, Settings
 from .runner import run_key
@@ -90,11 +92,15 @@ class CellItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, (CellMismatch, CellError)):
             kind = "mismatch" if isinstance(excinfo.value, CellMismatch) else "error"
+            kernel = kernel_of(self.record) if self.record else {}
+            if kernel.get("status") == KERNEL_FAILED:  # the engine did as expected; its kernel did not
+                kind = ("kernel crashed" if kernel.get("crashed") else "the engine's backend raised after accepting"
+                        if kernel.get("finding") else "kernel out of tolerance")
             rule = self.expectation.rule
             decided = (f"rule[{rule}] at line {self.expectation.rule_line}" if rule is not None
                        else "no rule (default: accept)")
             lines = [f"{self.cell.id}: {kind}", f"  expectation from {decided}: {self.expectation.describe()}"]
-            lines += ["  " + ln for ln in str(excinfo.value).splitlines()]
+            lines += ["  " + visible(ln) for ln in str(excinfo.value).splitlines()]
             if self.record and self.record.get("traceback"):
                 lines += ["", self.record["traceback"].rstrip()]
             return "\n".join(lines)
@@ -244,7 +250,9 @@ def finish_record(item: CellItem, report: pytest.TestReport, call: pytest.CallIn
         else:
             message = call.excinfo.exconly() if call.excinfo else "no result"
             record = crash_record(loaded.matrix.name, item.cell, item.expectation, f"harness error: {message}")
-    record = CellRecord(record)
+    # Plain values only: xdist's transport and the JSON file take nothing else (a hook's object,
+    # an engine's message with a lone surrogate).
+    record = CellRecord(json_safe(record))
     if hasattr(report, "wasxfail") and report.passed and known_bug_unchecked(record):
         # The known bug is one only the kernel check can show, and it did not run: an xpass
         # here would claim a fix nobody saw. The cell passes; its note says what was not checked.

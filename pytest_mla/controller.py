@@ -23,6 +23,7 @@ from .collect import RECORD_ATTR
 from .core.cells import Cell, CellIdError, nodeid_name
 from .core.errors import MatrixError
 from .core.host import probe_host
+from .core.plain import json_safe
 from .core.records import CellRecord, crash_record
 from .report import run_document
 from .report.results import write_results, write_text_atomic
@@ -124,6 +125,7 @@ class ResultCollector:
     def write(self, document: dict[str, Any], stem: Path) -> str | None:
         """The result files of one matrix; if the JSON cannot be written there, it goes to a
         temporary file (the finished cells are never lost) and the summary says where."""
+        document = json_safe(document)  # an engine's odd value, an argv byte: never a lost report
         try:
             self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
         except OSError as exc:
@@ -297,24 +299,6 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
         return {"error": f"metadata() raised {type(exc).__name__}: {exc}"}
     plain = json_safe(data)
     return plain if isinstance(plain, dict) else {"value": plain}
-
-
-def json_safe(value: Any, depth: int = 0) -> Any:
-    if depth > 20:
-        return repr(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
-    if isinstance(value, dict):
-        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v, depth + 1) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((json_safe(v, depth + 1) for v in value), key=repr)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return repr(value)
 
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path]) -> str | None:

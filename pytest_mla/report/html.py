@@ -32,6 +32,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from ..core.records import kernel_of
+from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .markdown import VIEWS, render_command
@@ -55,8 +56,9 @@ def static_text(name: str) -> str:
 
 
 def esc(value: Any) -> str:
-    """The one escaping helper for HTML text and (quoted) attribute values."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """The one escaping helper for HTML text and (quoted) attribute values; characters a reader
+    cannot see are written as escapes (``\\u200b``)."""
+    return html.escape(visible(value), quote=True)
 
 
 _SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
@@ -141,7 +143,7 @@ def build_data(model: ReportModel) -> dict[str, Any]:
     index: dict[str, int] = {}
 
     def s(text: Any) -> int:
-        text = "" if text is None else str(text)
+        text = visible(text)
         if text not in index:
             index[text] = len(strings)
             strings.append(text)

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import tabulate as _tabulate
 
+from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import (CONSTRUCTION_STOPS, COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view,
                        build_probe_answers)
@@ -39,8 +40,9 @@ _MD_SPECIAL = str.maketrans({
 
 
 def md_text(value: Any) -> str:
-    """Engine or matrix text as inert Markdown: one line, no markup, no HTML, no table breaks."""
-    return str(value).translate(_MD_SPECIAL)
+    """Engine or matrix text as inert Markdown: one line, no markup, no HTML, no table breaks,
+    no character a reader cannot see (written as an escape such as ``\\u200b``)."""
+    return visible(value).translate(_MD_SPECIAL)
 
 
 def render_command(view: str = "all", rows: Sequence[str] | None = None, cols: Sequence[str] | None = None,

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..core.cells import AXES, format_part
 from ..core.models import BUILTIN_MODELS
 from ..core.records import kernel_of
+from ..core.text import visible
 from ..core.verdicts import (
     ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, REJECTED, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS,
 )
@@ -85,8 +86,8 @@ def first_line(text: Any) -> str:
 
 
 def one_line(text: Any) -> str:
-    """A message on one line (engine messages may wrap)."""
-    return " ".join(str(text).split()) if text else ""
+    """A message on one line (engine messages may wrap), invisible characters as escapes."""
+    return visible(" ".join(str(text).split())) if text else ""
 
 
 def rejection_text(record: Mapping[str, Any]) -> str:
@@ -107,7 +108,7 @@ def reason_line(text: Any) -> str:
     if not text:
         return ""
     parts = []
-    for line in str(text).splitlines():
+    for line in visible(text).splitlines():
         line = " ".join(line.split())
         if line.startswith("^"):
             line = "(" + line.lstrip("^ ").strip() + ")"

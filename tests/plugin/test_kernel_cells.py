@@ -73,6 +73,9 @@ def pytest_mla_kernel(config, cell, spec):
                       .replace("dcp = [1, 2]", "dcp = [1]").replace('["none", "eagle-2x2"]', '["none"]'))
     result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
     result.assert_outcomes(failed=1)
+    # headed for what went wrong: the engine accepted, as expected; its kernel did not compute
+    result.stdout.fnmatch_lines(["tiny-mla/triton/dcp1/none/sm90: kernel out of tolerance",
+                                 "  expectation from no rule (default: accept): accept"])
     cell = read_report(pytester)["cells"][0]
     assert cell["verdict"] == "fail" and cell["kernel"]["status"] == "failed"
     assert cell["kernel"]["kernel"] == "bad"

@@ -1,0 +1,106 @@
+"""Hostile input and an unlucky night (issue 26): each ends in one precise line, never a traceback,
+and no finished cell is lost. Built for the families, not the examples: every value written to
+disk from an engine or a user, every option and variable at its extremes, every regex a matrix
+author writes, characters a reader cannot see, every output path that cannot be written."""
+
+import json
+
+import pytest
+
+from .helpers import matrix, read_report, verdicts
+
+pytest_plugins = ["pytester"]
+
+#: An engine whose refusals carry what a hostile or unlucky engine prints.
+SHADY_CONFTEST = r'''
+from pytest_mla.engines.protocol import Configured
+
+
+class Shady:
+    name = "shady"
+    version = "1.0"
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        if cell.backend == "nbsp":
+            raise ValueError("nbsp refuses\u00a0" + cell.arch)
+        if cell.backend == "ansi":
+            raise ValueError("ansi \x1b[2J\x1b[31mrefuses\x1b[0m " + cell.arch)
+        if cell.backend == "surrogate":
+            raise ValueError("bytes \udcff from a bad decode")
+        return Configured({"decode": cell.backend}, kernel_reason="no kernel in this test engine",
+                          notes=("note\u202eevil",))
+
+
+def pytest_mla_engines(config):
+    return {"shady": Shady}
+'''
+
+
+@pytest.fixture
+def shady(pytester):
+    pytester.makeconftest(SHADY_CONFTEST)
+    return pytester
+
+
+def _no_traceback(result):
+    text = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text
+
+
+# -- a malformed matrix value: file, line, exit 2 -----------------------------------------------
+
+@pytest.mark.parametrize("value", ['[["x"]]', '[{ name = "x" }]'])
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_a_malformed_axis_value_is_an_error_of_the_file_with_its_line(liar, value, workers):
+    if workers:
+        pytest.importorskip("xdist")
+    text = matrix(["lenient"]).replace('backend = ["lenient"]', f"backend = {value}")
+    path = liar.makefile(".toml", m=text)
+    line = next(i for i, ln in enumerate(path.read_text().splitlines(), start=1) if ln.startswith("backend ="))
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml", *workers)
+    # a collection error, as every other matrix mistake (xdist reports those as failures)
+    assert result.ret == (pytest.ExitCode.TESTS_FAILED if workers else pytest.ExitCode.INTERRUPTED)
+    result.stdout.fnmatch_lines([f"m.toml:{line}: axes.backend: backend values must be non-empty strings, got *"])
+    _no_traceback(result)
+    assert "unhashable" not in result.stdout.str()
+
+
+# -- characters a reader cannot see ------------------------------------------------------------
+
+def test_a_message_that_differs_by_an_invisible_character_names_it(shady):
+    shady.makefile(".toml", m=matrix(["nbsp"], engine="shady", archs=("sm90",), rules="""
+        [[rule]]
+        when = { backend = "nbsp" }
+        reject = { error = "ValueError", message = "nbsp refuses {arch}" }
+    """))
+    result = shady.runpytest("--mla-matrix=m.toml")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*expected: nbsp refuses sm90",
+                                 "*raised:   nbsp refuses\\xa0sm90",
+                                 "  *^ first difference at character 12 (expected U+0020 SPACE, "
+                                 "raised U+00A0 NO-BREAK SPACE)"])
+
+
+def test_terminal_escapes_and_bidi_overrides_from_an_engine_are_shown_not_obeyed(shady):
+    shady.makefile(".toml", m=matrix(["ansi", "fine"], engine="shady", archs=("sm90",)))
+    result = shady.runpytest("--mla-matrix=m.toml")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "\x1b[2J" not in out and "\\x1b[2J\\x1b[31mrefuses\\x1b[0m" in out
+    md = (shady.path / "reports" / "m.md").read_text(encoding="utf-8")
+    html = (shady.path / "reports" / "m.html").read_text(encoding="utf-8")
+    for text in (md, html):
+        assert "\x1b" not in text and "\u202e" not in text
+    assert "\\u202e" in html  # the accepted cell's note, escaped where the reader sees it
+
+
+def test_a_lone_surrogate_in_an_engine_message_loses_no_cell(shady):
+    shady.makefile(".toml", m=matrix(["surrogate", "fine"], engine="shady", archs=("sm90",)))
+    result = shady.runpytest("--mla-matrix=m.toml")
+    result.assert_outcomes(passed=1, failed=1)
+    _no_traceback(result)
+    doc = read_report(shady)
+    assert verdicts(doc) == {"deepseek-v3/surrogate/dcp1/none/sm90": "fail", "deepseek-v3/fine/dcp1/none/sm90": "pass"}
+    assert "\\udcff" in doc["cells"][0]["outcome"]["message"]
+    assert (shady.path / "reports" / "m.md").exists() and (shady.path / "reports" / "m.html").exists()
