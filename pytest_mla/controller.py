@@ -177,7 +177,11 @@ class ResultCollector:
                 from .report.markdown import render_markdown
 
                 summary = render_markdown(document)
-            append_step_summary(summary)
+            try:
+                append_step_summary(summary)
+            except OSError as exc:  # checked writable at the start; a full disk or a moved file since
+                self.write_failures.append(f"cannot append to GITHUB_STEP_SUMMARY "
+                                           f"({os.environ['GITHUB_STEP_SUMMARY']}): {exc.strerror or exc}")
 
     def document(self, loaded: LoadedMatrix) -> dict[str, Any]:
         engine = loaded.engine

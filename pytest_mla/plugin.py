@@ -20,7 +20,7 @@ import pytest
 from . import collect, user_cells
 from .collect import RECORD_ATTR, CellItem, MatrixFile
 from .core.errors import MatrixError
-from .core.host import kernel_dependencies_missing, probe_host, worker_gpu
+from .core.host import environment_problems, kernel_dependencies_missing, probe_host, worker_gpu
 from .options import MATRIX_OPTION, add_options, read_settings
 from .runner import MatrixRun, run_key
 
@@ -46,6 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mla_matrix(path, select=None): run a test over the cells of a matrix file")
     if config.getoption(MATRIX_OPTION) is None:
         return
+    problems = environment_problems()
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
     settings = read_settings(config)
     pin_worker_gpu(config)
     files = collect.find_matrix_files(config, settings)

@@ -104,3 +104,40 @@ def test_a_lone_surrogate_in_an_engine_message_loses_no_cell(shady):
     assert verdicts(doc) == {"deepseek-v3/surrogate/dcp1/none/sm90": "fail", "deepseek-v3/fine/dcp1/none/sm90": "pass"}
     assert "\\udcff" in doc["cells"][0]["outcome"]["message"]
     assert (shady.path / "reports" / "m.md").exists() and (shady.path / "reports" / "m.html").exists()
+
+
+# -- every variable the plugin reads, checked before the first cell ------------------------------
+
+@pytest.mark.parametrize("name, value, message", [
+    ("PYTEST_MLA_HOST_GPUS", "abc", "PYTEST_MLA_HOST_GPUS: expected a number of GPUs (0 or more), got 'abc'"),
+    ("PYTEST_MLA_HOST_GPUS", "-1", "PYTEST_MLA_HOST_GPUS: expected a number of GPUs (0 or more), got '-1'"),
+    ("PYTEST_MLA_HOST_GPUS", "99999999999999999999", "PYTEST_MLA_HOST_GPUS: expected a number of GPUs *"),
+    ("PYTEST_MLA_HOST_ARCH", "sm95", "PYTEST_MLA_HOST_ARCH: expected 'cpu' or a GPU arch such as sm90, got 'sm95' *"),
+    ("TRITON_INTERPRET", "maybe", "TRITON_INTERPRET: expected 1 or 0 (or true/false, yes/no, on/off), got 'maybe'"),
+    ("GITHUB_STEP_SUMMARY", "{tmp}/no/such/folder/summary.md",
+     "GITHUB_STEP_SUMMARY: cannot append the run's summary to '{tmp}/no/such/folder/summary.md': "
+     "no folder '{tmp}/no/such/folder'"),
+    ("GITHUB_STEP_SUMMARY", "{tmp}", "GITHUB_STEP_SUMMARY: cannot append the run's summary to '{tmp}': it is a folder"),
+])
+@pytest.mark.parametrize("verbose", [[], ["-v"]])
+def test_a_garbage_environment_variable_is_one_line_before_any_cell(liar, monkeypatch, name, value, message, verbose):
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    if name != "PYTEST_MLA_HOST_ARCH":
+        monkeypatch.setenv("PYTEST_MLA_HOST_ARCH", "sm90")  # what the GPU count goes with
+    monkeypatch.setenv(name, value.format(tmp=liar.path))
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml", *verbose)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: " + message.format(tmp=liar.path)])
+    _no_traceback(result)
+    assert "passed" not in result.stdout.str() and not (liar.path / "reports").exists()
+
+
+def test_the_variables_accept_what_triton_and_github_set(liar, monkeypatch):
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    monkeypatch.setenv("PYTEST_MLA_HOST_ARCH", "sm90")
+    monkeypatch.setenv("PYTEST_MLA_HOST_GPUS", "2")
+    monkeypatch.setenv("TRITON_INTERPRET", "Y")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(liar.path / "summary.md"))
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml")
+    result.assert_outcomes(passed=2)
+    assert "| lenient   | ☑️" in (liar.path / "summary.md").read_text(encoding="utf-8")
