@@ -37,6 +37,7 @@ class ResultCollector:
         self.config = config
         self.run = run
         self.records: dict[str, CellRecord] = {}  # node id → record
+        self._files_by_path: dict[str, Path] = {}  # node id path → matrix file
         self.started = run_document.now()
         self.written: list[Path] = []
         self.interrupted = False
@@ -88,7 +89,7 @@ class ResultCollector:
             path, name = nodeid_name(nodeid)
         except CellIdError:
             return None
-        file = (self.config.rootpath / path).resolve()
+        file = self.file_of(nodeid)
         if file not in {f.resolve() for f in self.run.files}:
             return None
         try:
@@ -113,7 +114,7 @@ class ResultCollector:
                 loaded = self.run.load(file)
             except MatrixError:
                 continue  # already reported as a collection error
-            document = self.documents[file] = self.document(loaded)
+            document = self.documents[file] = self.document(file, loaded)
             markdown = None
             if out is not None and (document["cells"] or self.records):
                 engine = document["run"]["engine"]
@@ -183,7 +184,15 @@ class ResultCollector:
                 self.write_failures.append(f"cannot append to GITHUB_STEP_SUMMARY "
                                            f"({os.environ['GITHUB_STEP_SUMMARY']}): {exc.strerror or exc}")
 
-    def document(self, loaded: LoadedMatrix) -> dict[str, Any]:
+    def file_of(self, nodeid: str) -> Path:
+        """The matrix file of a cell's node id (relative to the rootdir, or absolute outside it)."""
+        path = nodeid.split("::", 1)[0]
+        known = self._files_by_path.get(path)
+        if known is None:
+            known = self._files_by_path[path] = (self.config.rootpath / path).resolve()
+        return known
+
+    def document(self, file: Path, loaded: LoadedMatrix) -> dict[str, Any]:
         engine = loaded.engine
         settings = self.run.settings
         info = {
@@ -208,7 +217,9 @@ class ResultCollector:
             "dcp_mode": settings.dcp_mode,
             "args": self.config.invocation_params.args,
         }
-        return run_document.build_document(loaded.matrix, self.records.values(), engine=info,
+        # This file's cells only: two files may share a matrix name (a/x.toml, b/x.toml).
+        records = [r for nodeid, r in self.records.items() if self.file_of(nodeid) == file]
+        return run_document.build_document(loaded.matrix, records, engine=info,
                                            user_tests=self.user_tests, host=probe_host(),
                                            environment=environment, interrupted=self.interrupted)
 
@@ -243,7 +254,7 @@ class ResultCollector:
         if file in self.documents:
             return self.documents[file]
         try:  # no report files written (--mla-report-dir=none)
-            return self.document(self.run.load(file))
+            return self.document(file, self.run.load(file))
         except MatrixError:
             return None
 

@@ -32,7 +32,9 @@ DEFAULT_MAX_CELLS = 200_000
 class Settings:
     """Everything the ``--mla-*`` options decide, parsed once."""
 
-    matrix_paths: tuple[str, ...]  # explicit paths from --mla-matrix=..., empty: use mla_matrix_files
+    matrix_paths: tuple[str, ...]  # explicit paths from --mla-matrix=... (each use), empty: use mla_matrix_files
+    #: ``--mla-matrix WORD`` written without '=': the words the option took as its value.
+    swallowed: tuple[str, ...] = ()
     select: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     report_dir: str | None = "reports"
     formats: tuple[str, ...] = ("json", "md", "html")
@@ -61,9 +63,10 @@ def add_options(parser: pytest.Parser) -> None:
     """Every ``--mla-*`` option in one group, with its ``mla_*`` ini twin."""
     group = parser.getgroup("mla", "pytest-mla: MLA attention-backend compatibility matrix")
     group.addoption(
-        MATRIX_OPTION, nargs="?", const="", default=None, metavar="PATHS",
-        help="run compatibility matrices: the comma-separated TOML files given, or those of the "
-             f"mla_matrix_files ini setting (default {DEFAULT_MATRIX_GLOB}). Off by default.",
+        MATRIX_OPTION, nargs="?", const="", default=None, action="append", metavar="PATHS",
+        help="run compatibility matrices: the TOML files or folders given (--mla-matrix=PATH, repeatable, "
+             f"or comma-separated), or those of the mla_matrix_files ini setting (default {DEFAULT_MATRIX_GLOB}). "
+             "Write the paths with '=': a bare --mla-matrix takes the next word as its value. Off by default.",
     )
     group.addoption("--mla-select", action="append", default=[], metavar="AXIS=V1,V2",
                     help="run only cells whose AXIS is one of the values (repeatable; combine with -k).")
@@ -125,11 +128,12 @@ def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
 
 
 def read_settings(config: pytest.Config) -> Settings:
-    text = config.getoption(MATRIX_OPTION) or ""
+    values = config.getoption(MATRIX_OPTION) or []
     report_dir = _opt(config, "--mla-report-dir", "mla_report_dir")
     timeout = config.getoption("--mla-dcp-timeout")
     return Settings(
-        matrix_paths=tuple(p.strip() for p in text.split(",") if p.strip()),
+        matrix_paths=tuple(p.strip() for text in values for p in text.split(",") if p.strip()),
+        swallowed=swallowed_words(config.invocation_params.args),
         select=parse_select(config.getoption("--mla-select")),
         report_dir=None if report_dir in ("", "none") else report_dir,
         formats=parse_formats(_opt(config, "--mla-report-format", "mla_report_format")),
@@ -146,6 +150,12 @@ def read_settings(config: pytest.Config) -> Settings:
         cell_timeout=parse_cell_timeout(_opt(config, "--mla-cell-timeout", "mla_cell_timeout")),
         max_cells=parse_max_cells(_opt(config, "--mla-max-cells", "mla_max_cells")),
     )
+
+
+def swallowed_words(args: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The words a bare ``--mla-matrix`` took as its value (``--mla-matrix tests`` takes ``tests``)."""
+    args = list(args)
+    return tuple(nxt for arg, nxt in zip(args, args[1:]) if arg == MATRIX_OPTION and not nxt.startswith("-"))
 
 
 def parse_select(values: list[str], option: str = "--mla-select") -> tuple[tuple[str, tuple[Any, ...]], ...]:

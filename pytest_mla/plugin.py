@@ -51,9 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("\n".join(problems))
     settings = read_settings(config)
     pin_worker_gpu(config)
-    files = collect.find_matrix_files(config, settings)
+    files, named = collect.find_matrix_files(config, settings)
+    if is_controller(config):
+        collect.check_test_paths(config, files, settings)
     collect.add_collection_args(config, files)
-    run = MatrixRun(config, settings, files)
+    run = MatrixRun(config, settings, files, named=named)
     config.stash[run_key] = run
     if is_controller(config):
         from .controller import ResultCollector, check_report_folder
@@ -120,6 +122,9 @@ def pin_worker_gpu(config: pytest.Config) -> None:
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MatrixFile | None:
     run = parent.config.stash.get(run_key, None)
     if run is not None and file_path.suffix == ".toml" and file_path.resolve() in run.files:
+        nodeid = collect.matrix_nodeid(parent.config, file_path.resolve())
+        if nodeid is not None:
+            return MatrixFile.from_parent(parent, path=file_path, nodeid=nodeid)
         return MatrixFile.from_parent(parent, path=file_path)
     return None
 

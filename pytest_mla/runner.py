@@ -53,10 +53,12 @@ class LoadedMatrix:
 
 
 class MatrixRun:
-    def __init__(self, config: pytest.Config, settings: Settings, files: list[Path]) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings, files: list[Path], *,
+                 named: set[Path] | frozenset[Path] = frozenset()) -> None:
         self.config = config
         self.settings = settings
         self.files = files
+        self.named = named  # files named one by one with --mla-matrix=FILE: their engine must be here
         self._loaded: dict[Path, LoadedMatrix] = {}
         self._engines: dict[str, Engine | Exception] = {}
         self._kernel_results: dict[tuple[Any, ...], KernelResult] = {}
@@ -87,6 +89,12 @@ class MatrixRun:
             matrix = load_matrix(path, extra_models=self.extra_models(), display_path=shown,
                                  max_cells=self.settings.max_cells)
             engine, reason = self.engine(matrix)
+            if engine is None and path in self.named:
+                # A nightly that lost its engine must not be green: a file named on the command
+                # line runs or stops the session; one found through mla_matrix_files may skip.
+                raise MatrixError(shown, [Problem("engine.name", f"{reason}; a matrix file named with --mla-matrix "
+                                                                 "must run (files found through mla_matrix_files "
+                                                                 "or a folder skip instead)")])
             loaded = LoadedMatrix(matrix, engine, reason, self.settings.assumed_version(matrix.engine_name))
             if engine is not None:
                 check_described(loaded, shown)

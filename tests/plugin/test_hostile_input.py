@@ -141,3 +141,37 @@ def test_the_variables_accept_what_triton_and_github_set(liar, monkeypatch):
     result = liar.runpytest_subprocess("--mla-matrix=m.toml")
     result.assert_outcomes(passed=2)
     assert "| lenient   | ☑️" in (liar.path / "summary.md").read_text(encoding="utf-8")
+
+
+# -- matrices outside the rootdir --------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_matrices_outside_the_rootdir_keep_their_cells_apart(liar, tmp_path_factory, workers):
+    if workers:
+        pytest.importorskip("xdist")
+    far, other = tmp_path_factory.mktemp("elsewhere") / "a", tmp_path_factory.mktemp("elsewhere") / "b"
+    far.mkdir()
+    other.mkdir()
+    (far / "far.toml").write_text(matrix(["lenient", "strict"]))
+    (other / "other.toml").write_text(matrix(["lenient"]))
+    result = liar.runpytest_subprocess(f"--mla-matrix={far / 'far.toml'}", f"--mla-matrix={other / 'other.toml'}",
+                                       "-v", *workers)
+    result.assert_outcomes(passed=4, failed=2)
+    result.stdout.fnmatch_lines([f"*{(far / 'far.toml').as_posix()}::deepseek-v3-lenient-dcp1-none-sm90*"])
+    first, second = read_report(liar, "far"), read_report(liar, "other")
+    assert first["run"]["complete"] and second["run"]["complete"]
+    assert sorted(verdicts(first).values()) == ["fail", "fail", "pass", "pass"]
+    assert verdicts(second) == {"deepseek-v3/lenient/dcp1/none/sm90": "pass",
+                                "deepseek-v3/lenient/dcp1/none/sm100": "pass"}
+
+
+def test_a_crashed_worker_on_a_matrix_outside_the_rootdir_is_recovered(liar, tmp_path_factory):
+    pytest.importorskip("xdist")
+    far = tmp_path_factory.mktemp("elsewhere")
+    (far / "far.toml").write_text(matrix(["lenient", "crash", "late"]))
+    result = liar.runpytest_subprocess(f"--mla-matrix={far / 'far.toml'}", "-n", "2")
+    doc = read_report(liar, "far")
+    assert len(doc["cells"]) == 6
+    assert verdicts(doc)["deepseek-v3/crash/dcp1/none/sm100"] == "error"
+    assert doc["run"]["counts"]["error"] == 1
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
