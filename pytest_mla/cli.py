@@ -152,7 +152,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     text = diff.markdown() if args.format == "md" else (
         json.dumps(diff.as_dict(), indent=1, ensure_ascii=False) + "\n" if args.format == "json" else diff.text() + "\n")
     _write(text, args.output)
-    return 1 if diff.has_regressions else 0
+    for warning in diff.warnings():  # also on stderr: a gate's log must show it whatever the format
+        print(f"{PROG} diff: {warning}", file=sys.stderr)
+    return 1 if diff.gate_fails else 0
 
 
 _BANNER_COMMAND = re.compile(r"Regenerate with `(pytest-mla render [^`]*)`")
@@ -370,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("diff", help="regressions, fixes, new and gone cells between two result files",
                        description="Compare OLD.json with NEW.json. Exit 1 when a cell regressed "
-                                   "(pass → fail/error, or kernel verified → failed).")
+                                   "(pass → fail/error, or kernel verified → failed) or when NEW.json is a run "
+                                   "that was interrupted (run.interrupted); cells an incomplete NEW.json lacks "
+                                   "are 'not reported', not 'gone'.")
     d.add_argument("old", metavar="OLD.json")
     d.add_argument("new", metavar="NEW.json")
     d.add_argument("--format", "-f", choices=("text", "md", "json"), default="text",

@@ -231,7 +231,8 @@ class ResultCollector:
         lines = build_summary(list(self.records.values()), [d for d in documents if d is not None],
                               verbosity=self.config.get_verbosity(),
                               baseline=self.run.settings.baseline if self.run.baseline is not None else None,
-                              regressions=self.regressions, written=[_shown(p) for p in self.written])
+                              regressions=self.regressions, written=[_shown(p) for p in self.written],
+                              interrupted=self.interrupted)
         terminalreporter.write_sep("=", "mla matrix")
         for text, markup in lines:
             terminalreporter.write_line(text, **markup)

@@ -64,8 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
         check_report_folder(config, settings.report_dir)
         if settings.baseline:
             run.baseline = read_baseline(run, settings.baseline)
-        config.pluginmanager.register(ResultCollector(config, run), "mla-results")
-        stop_on_sigterm(config)
+        collector = ResultCollector(config, run)
+        config.pluginmanager.register(collector, "mla-results")
+        stop_on_sigterm(config, collector)
+        finish_on_second_interrupt(config, collector)
 
 
 def read_baseline(run: MatrixRun, path: str) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def read_baseline(run: MatrixRun, path: str) -> dict[str, Any]:
     return baseline
 
 
-def stop_on_sigterm(config: pytest.Config) -> None:
+def stop_on_sigterm(config: pytest.Config, collector: Any) -> None:
     """SIGTERM (a cancelled CI job, a polite OOM killer) ends the session like Ctrl-C: the
     finished cells are written with ``complete: false``. A handler someone else installed stays."""
     import signal
@@ -102,11 +104,48 @@ def stop_on_sigterm(config: pytest.Config) -> None:
 
     def interrupt(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        collector.interrupted = True  # known here, whatever happens to the exception on its way
         raise KeyboardInterrupt(f"SIGTERM (signal {signum})")
 
     signal.signal(signal.SIGTERM, interrupt)
     config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
                        if signal.getsignal(signal.SIGTERM) is interrupt else None)
+
+
+#: Ctrl-C presses ignored after the first before one gets through (a teardown that hangs).
+PATIENCE = 3
+
+
+def finish_on_second_interrupt(config: pytest.Config, collector: Any) -> None:
+    """The first Ctrl-C interrupts the run as always, and marks it interrupted at once; the next
+    few, while pytest winds down and the finished cells are written, are ignored with a line.
+
+    An impatient second press used to land inside pytest's own handling of the first (formatting
+    its traceback): the report then said ``interrupted: false`` and the terminal ended in a
+    traceback. The fourth press after the first gets through, for a teardown that hangs.
+    A handler someone else installed stays."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    presses = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        __tracebackhide__ = True  # pytest shows where the run was, not this handler
+        presses.append(signum)
+        if len(presses) == 1 or len(presses) > PATIENCE + 1:
+            collector.interrupted = True
+            signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt where the run was
+        left = PATIENCE + 2 - len(presses)
+        os.write(2, (f"\nmla: interrupted; writing the finished cells first (Ctrl-C {left} more "
+                     f"time{'s' if left > 1 else ''} to abort without them)\n").encode())
+
+    signal.signal(signal.SIGINT, interrupt)
+    config.add_cleanup(lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
+                       if signal.getsignal(signal.SIGINT) is interrupt else None)
 
 
 def pin_worker_gpu(config: pytest.Config) -> None:

@@ -24,14 +24,20 @@ LIST_LIMIT = 20
 
 def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str, Any]], *, verbosity: int,
                   baseline: str | None, regressions: Sequence[tuple[str, Any]],
-                  written: Sequence[str]) -> list[Line]:
+                  written: Sequence[str], interrupted: bool = False) -> list[Line]:
     """The lines under ``== mla matrix ==`` (empty when no cell ran)."""
     if not records:
         return []
+    documents = list(documents)
     lines: list[Line] = []
     counts = Counter(r["verdict"] for r in records)
     kernels = Counter(kernel_of(r).get("status") for r in records)
     lines.append((f"{len(records)} cells: " + ", ".join(verdict_counts(counts)), {}))
+    if interrupted:
+        total = sum(int((d.get("run") or {}).get("cells_total") or 0) for d in documents)
+        of = f" of {total}" if total else ""
+        lines.append((f"INTERRUPTED after {len(records)}{of} cells: the report is incomplete "
+                      f"(run.complete false, run.interrupted true)", {"red": True, "bold": True}))
     if kernels.get(VERIFIED) or kernels.get(KERNEL_FAILED):
         reused = sum(1 for r in records if kernel_of(r).get("reused"))
         lines.append((f"kernels: {kernels.get(VERIFIED, 0)} verified ({reused} reused), "

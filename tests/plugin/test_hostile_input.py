@@ -175,3 +175,69 @@ def test_a_crashed_worker_on_a_matrix_outside_the_rootdir_is_recovered(liar, tmp
     assert verdicts(doc)["deepseek-v3/crash/dcp1/none/sm100"] == "error"
     assert doc["run"]["counts"]["error"] == 1
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+# -- an impatient second Ctrl-C ------------------------------------------------------------------
+
+#: The first Ctrl-C comes while cell "stop" runs; the second ``MLA_TEST_GAP`` seconds later, as a
+#: person pressing twice. Under xdist both go to the controller, as a terminal sends them.
+TWICE_CONFTEST = '''
+import os, signal, threading, time
+from pytest_mla.engines.protocol import Configured
+
+
+class Twice:
+    name = "twice"
+    version = "1.0"
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        if cell.backend == "stop" and cell.arch == "sm90":
+            to_parent = os.environ["MLA_TEST_TARGET"] == "parent"
+            if to_parent:
+                time.sleep(1)  # the other worker's finished cells reach the controller first
+            target = os.getppid() if to_parent else os.getpid()
+            threading.Timer(float(os.environ["MLA_TEST_GAP"]), os.kill, (target, signal.SIGINT)).start()
+            os.kill(target, signal.SIGINT)
+            time.sleep(5)
+        return Configured({"decode": cell.backend}, kernel_reason="no kernel in this test engine")
+
+
+def pytest_mla_engines(config):
+    return {"twice": Twice}
+'''
+
+
+@pytest.mark.parametrize("gap", [0.01, 0.05, 0.1, 0.2])
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_a_second_ctrl_c_soon_after_the_first_keeps_the_report_and_its_word(pytester, monkeypatch, gap, workers):
+    if workers:
+        pytest.importorskip("xdist")
+    pytester.makeconftest(TWICE_CONFTEST)
+    pytester.makefile(".toml", m=matrix(["early", "stop", "late"], engine="twice"))
+    monkeypatch.setenv("MLA_TEST_GAP", str(gap))
+    monkeypatch.setenv("MLA_TEST_TARGET", "parent" if workers else "self")
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", *workers, timeout=60)
+    _no_traceback(result)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    doc = read_report(pytester)
+    assert doc["run"]["interrupted"] is True and doc["run"]["complete"] is False
+    done = verdicts(doc)
+    assert done["deepseek-v3/early/dcp1/none/sm90"] == "pass"
+    result.stdout.fnmatch_lines([f"INTERRUPTED after {len(done)} of 6 cells: the report is incomplete *"])
+
+
+def test_diff_against_a_run_that_was_interrupted_fails_the_gate(liar):
+    import subprocess
+    import sys
+
+    liar.makefile(".toml", m=matrix(["lenient", "interrupt", "late"]))
+    liar.runpytest_subprocess("--mla-matrix=m.toml", "--mla-select=backend=lenient,late")
+    (liar.path / "reports" / "m.json").rename(liar.path / "good.json")
+    liar.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    assert read_report(liar)["run"]["interrupted"] is True
+    diff = subprocess.run([sys.executable, "-m", "pytest_mla.cli", "diff", "good.json", "reports/m.json"],
+                          cwd=liar.path, capture_output=True, text=True)
+    assert diff.returncode == 1
+    assert "reports/m.json is incomplete (interrupted: " in diff.stderr and "the gate fails" in diff.stderr
+    assert " gone," in diff.stdout and "not reported" in diff.stdout
