@@ -156,8 +156,10 @@ def run_kernel_check(
     shards run in this process (``dcp_mode="in-process"``) or as processes
     (``"distributed"``) and are merged by LSE (``merge``: default Triton
     ``merge_attention_states``). The result is compared with the float64
-    reference on the unsharded cache. ``where`` is only recorded. A kernel that
-    raises propagates (a crash is an ``error`` verdict, not a tolerance failure).
+    reference on the unsharded cache, and every rank's partial must be free of NaN
+    (an empty rank gives ``out = 0``, ``lse = -inf``: the merge would hide a NaN).
+    ``where`` is only recorded. A kernel that raises propagates (a crash is an
+    ``error`` verdict, not a tolerance failure).
     """
     if dcp_mode not in DCP_MODES:
         raise ValueError(f"unknown dcp_mode {dcp_mode!r} (known: {', '.join(DCP_MODES)})")
@@ -170,6 +172,7 @@ def run_kernel_check(
     inputs = gen_case_inputs(case)
     if where != "interpreter" and torch.cuda.is_available():
         inputs = inputs.to("cuda")
+    findings: list[str] = []  # rules of the rank partials the kernel broke (a merge would hide them)
 
     if dcp_mode == "distributed" and case.dcp > 1:
         from .distributed import run_distributed
@@ -177,7 +180,7 @@ def run_kernel_check(
         merge_text = merge if isinstance(merge, str) or merge is None else f"{merge.__module__}:{merge.__qualname__}"
         start = time.perf_counter()
         out, lse = run_distributed(kernel, inputs, case.dcp, case.dcp_interleave, timeout_s=timeout_s,
-                                   merge=merge_text, seed=case.seed)
+                                   merge=merge_text, seed=case.seed, findings=findings)
         elapsed = time.perf_counter() - start
     else:
         kernel_fn = _import_kernel(kernel) if isinstance(kernel, str) else kernel
@@ -186,7 +189,7 @@ def run_kernel_check(
         if inputs.q.is_cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        out, lse = run_shards(kernel_fn, shards, merge=merge_fn)
+        out, lse = run_shards(kernel_fn, shards, merge=merge_fn, findings=findings)
         if inputs.q.is_cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -195,8 +198,8 @@ def run_kernel_check(
     tol = tolerance_for(case.dtype, case.kv_dtype)
     out_check = check_close("out", out, ref_out, tol.out)
     lse_check = check_close("lse", lse, ref_lse, tol.lse)
-    ok = out_check.ok and lse_check.ok
-    messages = [c.message for c in (out_check, lse_check) if c.message]
+    ok = out_check.ok and lse_check.ok and not findings
+    messages = findings + [c.message for c in (out_check, lse_check) if c.message]
     return {
         "status": "verified" if ok else "failed",
         "where": where,

@@ -141,6 +141,39 @@ def test_distributed_mode_through_the_harness():
         run_kernel_check(c, ref_kernel, dcp_mode="threads")
 
 
+def empty_rank_nan_kernel(*args, **kwargs):
+    """Right wherever a rank holds tokens of a request; NaN out and LSE where it holds none
+    (the bug the DCP rule "empty ranks contribute nothing and produce no NaN" is about)."""
+    out, lse = ref_kernel(*args, **kwargs)
+    empty = args[3] == 0  # cache_seqlens: this rank's tokens per request
+    out[empty] = float("nan")
+    lse[empty] = float("nan")
+    return out, lse
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 4])
+@pytest.mark.parametrize("merge", [None, "pytest_mla.kernels.reference:ref_merge"], ids=["triton-merge", "ref-merge"])
+def test_nan_from_an_empty_dcp_rank_fails_at_every_dcp_size(dcp, merge):
+    c = _small_case(dcp=dcp)
+    rec = run_kernel_check(c, empty_rank_nan_kernel, merge=merge)
+    assert rec["status"] == "failed"
+    if dcp == 1:
+        assert "NaN position(s) differ" in rec["message"]  # the request with no tokens at all
+    else:
+        assert rec["message"].startswith(f"DCP rank 0 of {dcp} returned NaN out and lse for request 2, which has no "
+                                         "tokens on that rank: a rank with nothing to attend must give out 0 and "
+                                         "lse -inf, never NaN")
+    assert run_kernel_check(c, ref_kernel, merge=merge)["status"] == "verified"  # the check can pass
+
+
+def test_nan_from_an_empty_dcp_rank_fails_in_distributed_mode_too():
+    rec = run_kernel_check(_small_case(dcp=2), f"{__name__}:empty_rank_nan_kernel", dcp_mode="distributed",
+                           merge="pytest_mla.kernels.reference:ref_merge", timeout_s=120)
+    assert rec["status"] == "failed"
+    assert rec["message"].startswith("DCP rank 0 of 2 returned NaN out and lse for request 2, which has no tokens "
+                                     "on that rank")
+
+
 def test_kernel_crash_propagates():
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
