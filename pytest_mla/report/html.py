@@ -36,17 +36,14 @@ from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .markdown import VIEWS, render_command
-from .model import LEGEND, PARTIAL, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
+from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
+from .symbols import PARTIAL, SYMBOLS
 
 
-#: Chip glyphs: plain text symbols every font has (the page must not depend on an emoji font);
-#: colour carries the same meaning as the Markdown legend's emoji.
-GLYPHS = {"verified": "✔", "accepted": "✓", "rejected": "⊘", "xfail": "!", "skipped": "–", "bad": "✗"}
-
-
-#: Glyphs of the backends view's entries (same meaning as its Markdown emoji).
-ENTRY_GLYPHS = {"verified": "✔", "accepted": "✓", "rejected": "✗", "partial": "◐", "bug": "!", "skipped": "–",
-                "missing": "·"}
+#: Chip and entry glyphs: the plain-text glyphs of ``symbols.py`` (the page must not depend on an
+#: emoji font); colour carries the same meaning as the emoji of the Markdown views.
+GLYPHS = {state: symbol.glyph for state, symbol in SYMBOLS.items()}
+ENTRY_GLYPHS = GLYPHS
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,7 +108,8 @@ def describe_kernel(k: Mapping[str, Any] | None, host: str | None = None) -> str
     status = k.get("status")
     if status == "not-run":
         return f"{prefix}not run: {k.get('reason') or 'no reason given'}"
-    head = f"{prefix}{status} on {k.get('where') or '?'}"
+    emulated = status == "verified" and k.get("level") == "emulated"
+    head = f"{prefix}{'verified with emulated kernels' if emulated else status} on {k.get('where') or '?'}"
     extra = [f"kernel {k['kernel']}" if k.get("kernel") else None,
              f"{k['time_s']} s" if k.get("time_s") is not None else None,
              f"seed {k['seed']}" if k.get("seed") is not None else None,

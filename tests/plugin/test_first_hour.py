@@ -92,3 +92,17 @@ def test_files_found_through_the_ini_skip_with_one_line_each(pytester):
                                  "*; install it with: pip install sglang *",
                                  "mla: matrix/vllm.toml: every cell skipped: engine 'vllm' is not available here: "
                                  "*; install it with: pip install vllm *"])
+
+
+# -- 23.6: the main command shows the table -------------------------------------------------------
+
+@pytest.mark.parametrize("quiet, shown", [([], True), (["-q"], True), (["-qq"], False)])
+def test_the_matrix_sketch_shows_with_q_as_make_matrix_runs_it(liar, quiet, shown):
+    liar.makefile(".toml", m=matrix(["lenient", "strict"]))
+    result = liar.runpytest("--mla-matrix=m.toml", *quiet)
+    sketch = ["m: 4 cells, 2 pass, 2 fail", "backend  sm90  sm100", "lenient  ☑️    ☑️", "strict   ❌    ❌"]
+    if shown:
+        result.stdout.fnmatch_lines(sketch)
+    else:
+        assert "backend  sm90  sm100" not in result.stdout.str()
+    assert ("mla: host" in result.stdout.str()) is not bool(quiet)  # -q drops the header only
