@@ -232,7 +232,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .core.cells import Cell, CellIdError
     from .core.errors import MatrixError
     from .core.matrix import _as_version, load_matrix
     from .core.rules import render_message
@@ -242,19 +241,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except MatrixError as exc:
         more = f" (+{len(exc.problems) - 1} more problems)" if len(exc.problems) > 1 else ""
         raise CliError(str(exc).splitlines()[0] + more) from None
-    try:
-        cell = Cell.from_id(args.cell)
-    except CellIdError as exc:
-        raise CliError(str(exc)) from None
-    for axis, value in cell.coords.items():
-        if axis not in matrix.axes:
-            raise CliError(f"cell {cell.id}: the matrix has no {axis} axis")
-        if value not in matrix.axes[axis]:
-            known = ", ".join(str(v) for v in matrix.axes[axis])
-            raise CliError(f"cell {cell.id}: {axis} {value!r} is not in the matrix (known: {known})")
-    missing = [a for a in matrix.axes if a not in cell.coords]
-    if missing:
-        raise CliError(f"cell {args.cell}: no value for the matrix's {', '.join(missing)} axis")
+    cell = explained_cell(matrix, args.cell)
     version = _as_version(args.engine_version)
     if args.engine_version and version is None:
         raise CliError(f"--engine-version: not a version: {args.engine_version!r}")
@@ -305,6 +292,48 @@ def cmd_explain(args: argparse.Namespace) -> int:
     out.append(f"expectation: {expect.describe()}" + (f" (xfail: {expect.xfail})" if expect.xfail else ""))
     print("\n".join(out))
     return 0
+
+
+#: Above this many cells, explain does not search every cell for the nearest id.
+NEAREST_LIMIT = 50_000
+
+
+def explained_cell(matrix: Any, text: str) -> Any:
+    """The cell ``text`` names: a canonical id (``model/backend/dcpN/...``), the name pytest prints
+    (``model-backend-dcpN-...``), or a whole node id (``matrix/x.toml::name``). ``CliError`` when
+    it names no cell of the matrix, with the nearest id where one is close."""
+    from .core.cells import Cell, CellIdError
+
+    name = text.rpartition("::")[2].strip()
+    if "/" not in name:  # the form pytest prints
+        try:
+            return Cell.from_name(name, matrix.axes)
+        except CellIdError:
+            raise CliError(f"cell {text!r} matches no cell of the matrix{nearest_hint(matrix, name, 'name')}") from None
+    try:
+        cell = Cell.from_id(name)
+    except CellIdError as exc:
+        raise CliError(str(exc)) from None
+    for axis, value in cell.coords.items():
+        if axis not in matrix.axes:
+            raise CliError(f"cell {cell.id}: the matrix has no {axis} axis")
+        if value not in matrix.axes[axis]:
+            known = ", ".join(str(v) for v in matrix.axes[axis])
+            raise CliError(f"cell {cell.id}: {axis} {value!r} is not in the matrix (known: {known})"
+                           f"{nearest_hint(matrix, cell.id, 'id')}")
+    missing = [a for a in matrix.axes if a not in cell.coords]
+    if missing:
+        raise CliError(f"cell {text}: no value for the matrix's {', '.join(missing)} axis")
+    return cell
+
+
+def nearest_hint(matrix: Any, text: str, form: str) -> str:
+    """``; did you mean deepseek-v3/flashmla/dcp2/eagle-2x2/sm90?`` (or nothing when none is close)."""
+    if matrix.size > NEAREST_LIMIT:
+        return ""
+    cells = {getattr(c, form): c for c in matrix.cells()}
+    close = difflib.get_close_matches(text, list(cells), n=1, cutoff=0.6)
+    return f"; did you mean {cells[close[0]].id}?" if close else ""
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:
@@ -410,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("explain", help="which rule of a matrix decides a cell, and why",
                        description="Try each rule of MATRIX.toml in order against CELL_ID "
-                                   "(model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN]), showing each predicate "
+                                   "(model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN], or the name pytest prints: "
+                                   "model-backend-dcpN-spec-arch, or a whole node id), showing each predicate "
                                    "with the cell's value; the deciding rule is marked with →.")
     e.add_argument("matrix", metavar="MATRIX.toml")
     e.add_argument("cell", metavar="CELL_ID")
