@@ -1,4 +1,4 @@
-"""The ``pytest-mla`` command: render, merge, diff, check, explain and suggest.
+"""The ``pytest-mla`` command: render, merge, diff, check, explain, suggest, and init.
 
 Exit codes: 0 fine; 1 the answer is "no" (conflicts, a regression, a stale
 document); 2 the input is unusable (unreadable, not a result file, another
@@ -294,6 +294,40 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def shipped_matrices() -> dict[str, Any]:
+    """Engine name → the matrix file shipped in the package (``pytest_mla/matrices``)."""
+    from importlib import resources
+
+    folder = resources.files("pytest_mla").joinpath("matrices")
+    found = {}
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.name.endswith(".toml"):
+                found[entry.name[:-len(".toml")]] = entry
+    return dict(sorted(found.items()))
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    shipped = shipped_matrices()
+    if args.engine not in shipped:
+        raise CliError(f"no matrix shipped for {args.engine!r} (shipped: {', '.join(shipped) or 'none'})")
+    out = Path(args.output or os.path.join("matrix", f"{args.engine}.toml"))
+    if out.is_dir():
+        out = out / f"{args.engine}.toml"
+    if out.exists() and not args.force:
+        raise CliError(f"{out} exists; pass --force to replace it with the shipped matrix")
+    text = shipped[args.engine].read_text(encoding="utf-8")
+    try:
+        write_text_atomic(out, text)
+    except OSError as exc:
+        raise CliError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    version = re.search(r'^version\s*=\s*"([^"]*)"', text, re.MULTILINE)
+    describes = f" (describes {args.engine} {version.group(1)})" if version else ""
+    print(f"{PROG} init: wrote {out}{describes}; run it where {args.engine} is installed with:\n"
+          f"  pytest --mla-matrix={out.as_posix()}")
+    return 0
+
+
 #: Above this many cells, explain does not search every cell for the nearest id.
 NEAREST_LIMIT = 50_000
 
@@ -372,7 +406,8 @@ def _model_fields() -> Sequence[str]:
 # -- parser ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Render, merge, diff and check pytest-mla result files; "
-                                "explain how a matrix decides a cell; suggest the rule edits a failing run calls for.")
+                                "explain how a matrix decides a cell; suggest the rule edits a failing run calls for; "
+                                "copy a shipped engine matrix into a repo (init).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("render", help="render a result file as Markdown, HTML, JSON or terminal text",
@@ -436,6 +471,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="patch: a unified diff of the matrix (default); rules: the rules and where they go")
     s.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
     s.set_defaults(func=cmd_suggest)
+
+    i = sub.add_parser("init", help="copy a matrix pytest-mla ships (sglang, vllm, reference) into this repo",
+                       description="Write the engine matrix this pytest-mla ships for ENGINE to matrix/ENGINE.toml "
+                                   "(or -o PATH), to run with pytest --mla-matrix and edit as the engine changes.")
+    i.add_argument("engine", metavar="ENGINE", help="sglang, vllm or reference")
+    i.add_argument("-o", "--output", metavar="PATH", default=None,
+                   help="where to write it (a file, or a folder for ENGINE.toml; default matrix/ENGINE.toml)")
+    i.add_argument("--force", action="store_true", help="replace an existing file")
+    i.set_defaults(func=cmd_init)
 
     e = sub.add_parser("explain", help="which rule of a matrix decides a cell, and why",
                        description="Try each rule of MATRIX.toml in order against CELL_ID "

@@ -112,7 +112,11 @@ def probe_host() -> dict[str, Any]:
 
 
 #: Why kernel checks cannot run in a validation-only install.
-KERNELS_MISSING = "torch/triton not installed (pip install 'pytest-mla[kernels]')"
+#: ``pip install 'pytest-mla[kernels]'`` alone would pull a multi-GB CUDA torch onto a CPU machine: the
+#: hint names the CPU wheel first (docs/troubleshooting.md, "Torch installs").
+KERNELS_MISSING = ("torch/triton not installed (without a GPU: pip install torch --index-url "
+                   "https://download.pytorch.org/whl/cpu && pip install triton numpy; with one: "
+                   "pip install 'pytest-mla[kernels]')")
 
 
 @functools.lru_cache(maxsize=1)
