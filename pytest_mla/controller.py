@@ -105,7 +105,8 @@ class ResultCollector:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.interrupted = True
-        if self.run.settings.strict_coverage and self.uncovered() and session.exitstatus == pytest.ExitCode.OK:
+        strict = self.run.settings.strict_coverage
+        if strict and (self.uncovered() or self.coverage_unknown()) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         out = report_folder(self.config, self.run.settings.report_dir)
         stems = report_stems(self.run)
@@ -148,6 +149,25 @@ class ResultCollector:
                                        f"{type(exc).__name__}: {exc} (the results are written; render them "
                                        f"with: pytest-mla render {_with_ext(stem, 'json')})")
             return None
+
+    def coverage_unknown(self) -> dict[str, str]:
+        """Matrix file → why its engine's backends cannot be listed (``--mla-strict-coverage``
+        cannot be kept there: it fails rather than pass having checked nothing)."""
+        found = {}
+        for file in self.run.files:
+            try:
+                loaded = self.run.load(file)
+            except MatrixError:
+                continue
+            if loaded.engine is None:
+                continue  # skipped: the engine is not here (said once per file)
+            coverage = loaded.coverage
+            if coverage is None:
+                name = getattr(loaded.engine, "name", None) or loaded.matrix.engine_name
+                found[self.run.display_path(file)] = f"its adapter {name!r} has no registered_backends()"
+            elif coverage.get("error"):
+                found[self.run.display_path(file)] = str(coverage["error"])
+        return found
 
     def uncovered(self) -> dict[str, list[str]]:
         """Matrix file → the MLA-capable backends its engine registers that it does not list."""
@@ -250,6 +270,8 @@ class ResultCollector:
             for shown, names in self.uncovered().items():
                 terminalreporter.write_line(f"--mla-strict-coverage: {shown} does not cover the MLA-capable "
                                             f"backends {', '.join(names)}", red=True)
+            for shown, why in self.coverage_unknown().items():
+                terminalreporter.write_line(f"--mla-strict-coverage: cannot check {shown}: {why}", red=True)
 
     def _document_for_summary(self, file: Path) -> dict[str, Any] | None:
         if file in self.documents:

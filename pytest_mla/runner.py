@@ -117,11 +117,25 @@ class MatrixRun:
             except EngineUnavailableError as exc:
                 self._engines[name] = exc
             except EngineNotFoundError as exc:
-                raise MatrixError(matrix.path, [Problem("engine.name", str(exc))]) from None
+                raise MatrixError(matrix.path, [Problem("engine.name", str(exc) + self._path_hint(name))]) from None
         engine = self._engines[name]
         if isinstance(engine, Exception):
             return None, str(engine)
         return engine, None
+
+    def _path_hint(self, name: str) -> str:
+        """Why a ``module:attr`` in the rootdir does not import: the ``pytest`` command (unlike
+        ``python -m pytest``) does not put the rootdir on ``sys.path``."""
+        import sys
+
+        module = name.partition(":")[0].split(".")[0]
+        root = self.config.rootpath
+        if ":" not in name or not module.isidentifier() or module in sys.modules:
+            return ""
+        if not ((root / f"{module}.py").is_file() or (root / module / "__init__.py").is_file()):
+            return ""
+        return (f" ({module} is in the rootdir {root}, which the pytest command does not put on sys.path: run "
+                "python -m pytest, or set pythonpath = . in the pytest ini)")
 
     # -- running one cell ----------------------------------------------------------------
     def run_cell(self, loaded: LoadedMatrix, cell: Cell, expect: Expectation) -> CellRecord:

@@ -106,3 +106,45 @@ def test_the_matrix_sketch_shows_with_q_as_make_matrix_runs_it(liar, quiet, show
     else:
         assert "backend  sm90  sm100" not in result.stdout.str()
     assert ("mla: host" in result.stdout.str()) is not bool(quiet)  # -q drops the header only
+
+
+# -- 23.8: a module:attr adapter in the repo root, under the pytest command ------------------------
+
+MINE = '''
+from pytest_mla.engines.protocol import Configured
+
+
+class Mine:
+    name = "mine"
+    version = "0.1"
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        return Configured({"decode": cell.backend})
+'''
+
+
+def test_a_root_module_adapter_under_the_pytest_command_says_how_to_import_it(pytester):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytester.makepyfile(myengine=MINE)
+    pytester.makefile(".toml", m=matrix(["lenient"], engine="myengine:Mine"))
+    pytester.makeini("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # pytester's own runs add the folder
+
+    def run(*command):
+        return subprocess.run([*command, "--mla-matrix=m.toml", "-p", "no:cacheprovider"], cwd=pytester.path,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    script = str(Path(sys.executable).parent / "pytest")  # the console script, as a user types it
+    result = run(script)
+    assert result.returncode == pytest.ExitCode.INTERRUPTED
+    assert ("m.toml: engine.name: engine 'myengine:Mine': cannot import module 'myengine': ModuleNotFoundError: "
+            f"No module named 'myengine' (myengine is in the rootdir {pytester.path}, which the pytest command does "
+            "not put on sys.path: run python -m pytest, or set pythonpath = . in the pytest ini)") in result.stdout
+    assert run(sys.executable, "-m", "pytest").returncode == 0
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    assert run(script).returncode == 0
