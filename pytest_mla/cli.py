@@ -53,7 +53,18 @@ def _write(text: str, out: str | None) -> None:
     try:
         write_text_atomic(out, text)
     except OSError as exc:
-        raise CliError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        raise cannot_write(out, exc) from None
+
+
+def cannot_write(out: str | os.PathLike[str], exc: OSError) -> CliError:
+    """One line for an output path that cannot be written, naming the part of it in the way."""
+    path = Path(out)
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return CliError(f"{out}: cannot write: {blocker} is a file, not a folder")
+    if path.is_dir():
+        return CliError(f"{out}: cannot write: it is a folder")
+    return CliError(f"{out}: cannot write: {exc.strerror or exc}")
 
 
 def output_format(fmt: str | None, out: str | None) -> str:
@@ -108,7 +119,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         try:
             write_json_atomic(args.output, document)
         except OSError as exc:
-            raise CliError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
+            raise cannot_write(args.output, exc) from None
     else:
         _write(text, args.output)
     return 0
@@ -133,7 +144,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
         return 1
     except MergeError as exc:
         raise CliError(str(exc)) from None
-    write_json_atomic(args.output, merged)
+    try:
+        write_json_atomic(args.output, merged)
+    except OSError as exc:
+        raise cannot_write(args.output, exc) from None
     conflicts = merged["run"].get("conflicts") or []
     note = f", {len(conflicts)} conflict(s) kept as errors" if conflicts else ""
     print(f"{PROG} merge: {len(merged['cells'])} cells from {len(docs)} files → {args.output}{note}")
@@ -320,7 +334,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     try:
         write_text_atomic(out, text)
     except OSError as exc:
-        raise CliError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        raise cannot_write(out, exc) from None
     version = re.search(r'^version\s*=\s*"([^"]*)"', text, re.MULTILINE)
     describes = f" (describes {args.engine} {version.group(1)})" if version else ""
     print(f"{PROG} init: wrote {out}{describes}; run it where {args.engine} is installed with:\n"
@@ -505,6 +519,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a file that could not be read or written, anywhere not caught above
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{PROG}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
         # A result file that passed the checks of read_results but has odd records.
         files = [getattr(args, k) for k in ("result", "old", "new") if isinstance(getattr(args, k, None), str)]

@@ -25,6 +25,7 @@ from .core.errors import MatrixError
 from .core.host import probe_host
 from .core.plain import json_safe
 from .core.records import CellRecord, crash_record
+from .options import safe_stem_part
 from .report import run_document
 from .report.results import write_results, write_text_atomic
 from .report.summary import build_summary
@@ -53,11 +54,15 @@ class ResultCollector:
     def pytest_configure_node(self, node: Any) -> None:
         """Hand every xdist worker the folder where kernel results are shared."""
         if self.kernel_cache is None:
-            self.kernel_cache = tempfile.mkdtemp(prefix="pytest-mla-kernels-")
-        node.workerinput[KERNEL_CACHE_INPUT] = self.kernel_cache
+            try:
+                self.kernel_cache = tempfile.mkdtemp(prefix="pytest-mla-kernels-")
+            except OSError:  # no writable temporary folder: each worker checks its own kernels
+                self.kernel_cache = ""
+        if self.kernel_cache:
+            node.workerinput[KERNEL_CACHE_INPUT] = self.kernel_cache
 
     def pytest_unconfigure(self) -> None:
-        if self.kernel_cache is not None:
+        if self.kernel_cache:
             shutil.rmtree(self.kernel_cache, ignore_errors=True)
 
     # -- events ----------------------------------------------------------------------
@@ -119,8 +124,8 @@ class ResultCollector:
             markdown = None
             if out is not None and (document["cells"] or self.records):
                 engine = document["run"]["engine"]
-                stem = out / self.run.settings.report_name.format(
-                    matrix=stems[file], engine=engine["name"], version=engine["version"] or "unavailable")
+                stem = out / report_stem(self.run.settings.report_name, stems[file], engine["name"],
+                                         engine["version"] or "unavailable")
                 markdown = self.write(document, stem)
             self.gate(session, document, markdown)
 
@@ -131,11 +136,9 @@ class ResultCollector:
         try:
             self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
         except OSError as exc:
-            fd, fallback = tempfile.mkstemp(prefix=f"pytest-mla-{stem.name}-", suffix=".json")
-            os.close(fd)
-            write_results(fallback, document["run"], document["cells"])
-            self.write_failures.append(f"cannot write {_with_ext(stem, 'json')}: {exc.strerror or exc}; "
-                                       f"the results are in {fallback}")
+            fallback, why = write_fallback(document, stem)
+            where = f"the results are in {fallback}" if fallback else f"nor anywhere else ({why}): the results are lost"
+            self.write_failures.append(f"cannot write {_with_ext(stem, 'json')}: {exc.strerror or exc}; {where}")
             return None
         try:
             return render_files(document, stem, self.run.settings.formats, self.written)
@@ -305,6 +308,40 @@ def check_report_folder(config: pytest.Config, report_dir: str | None) -> None:
         if out.exists() and not out.is_dir():
             reason = "it is a file, not a folder"
         raise pytest.UsageError(f"--mla-report-dir: cannot write reports to {out}: {reason}") from None
+
+
+def write_fallback(document: dict[str, Any], stem: Path) -> tuple[str | None, str]:
+    """Where the results go when their folder cannot take them: the temporary folder, else the
+    folder pytest was started in. ``(path, "")``, or ``(None, why)`` when neither takes them."""
+    reasons = []
+    for folder in (None, os.getcwd()):
+        try:
+            fd, fallback = tempfile.mkstemp(prefix=f"pytest-mla-{stem.name[:40]}-", suffix=".json", dir=folder)
+            os.close(fd)
+            write_results(fallback, document["run"], document["cells"])
+            return fallback, ""
+        except OSError as exc:
+            reasons.append(f"{folder or tempfile.gettempdir()}: {exc.strerror or exc}")
+    return None, "; ".join(reasons)
+
+
+#: Longest report file stem, in bytes (a file system takes 255 per name, with the extension and a temporary suffix).
+MAX_STEM_BYTES = 200
+
+
+def report_stem(template: str, matrix: str, engine: Any, version: Any) -> str:
+    """The file stem of a matrix's reports: ``--mla-report-name`` filled in. The engine's name and
+    version are the adapter's values, so they are made safe for a file name (no ``/``, nothing
+    invisible); a stem too long for a file system is cut, with a hash of the whole to keep it apart."""
+    import hashlib
+
+    stem = template.format(matrix=safe_stem_part(matrix, 120), engine=safe_stem_part(engine),
+                           version=safe_stem_part(version))
+    data = stem.encode("utf-8")
+    if len(data) <= MAX_STEM_BYTES:
+        return stem
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    return data[:MAX_STEM_BYTES - 13].decode("utf-8", "ignore") + "-" + digest
 
 
 def report_stems(run: MatrixRun) -> dict[Path, str]:

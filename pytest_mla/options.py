@@ -14,6 +14,7 @@ import pytest
 
 from .core.cells import ARCH_HINT, AXES, INT_AXES, is_arch
 from .core.kernelspec import DCP_MODES
+from .core.text import describe_char, first_invisible, invisible
 
 KERNEL_MODES = ("auto", "off")
 MATRIX_OPTION = "--mla-matrix"
@@ -239,13 +240,18 @@ def parse_formats(text: str, option: str = "--mla-report-format") -> tuple[str, 
     return items
 
 
+#: The longest timeout taken (a year): the timers behind them overflow long before ``inf``.
+MAX_TIMEOUT = 365 * 24 * 3600.0
+
+
 def parse_timeout(text: str, option: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise pytest.UsageError(f"{option}: expected seconds, got {text!r}") from None
-    if value <= 0:
-        raise pytest.UsageError(f"{option}: expected a positive number of seconds, got {text!r}")
+    if not 0 < value <= MAX_TIMEOUT:  # NaN, inf and the negatives fail this too
+        raise pytest.UsageError(f"{option}: expected a positive number of seconds up to {MAX_TIMEOUT:.0f}, "
+                                f"got {text!r}")
     return value
 
 
@@ -255,8 +261,9 @@ def parse_cell_timeout(text: str, option: str = "--mla-cell-timeout") -> float |
         value = float(text)
     except (TypeError, ValueError):
         raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}") from None
-    if value < 0 or value != value:
-        raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}")
+    if not 0 <= value <= MAX_TIMEOUT:  # NaN and inf fail this too: SIGALRM's timer takes neither
+        raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}"
+                                + (f" (at most {MAX_TIMEOUT:.0f}; 0 means no limit)" if value > MAX_TIMEOUT else ""))
     return value or None
 
 
@@ -286,6 +293,25 @@ def parse_report_name(text: str, option: str = "--mla-report-name") -> str:
             raise pytest.UsageError(
                 f"{option}: unknown placeholder {{{field}}} in {text!r} (known: {', '.join(REPORT_NAME_FIELDS)})"
             )
-    if not text.strip() or "/" in text or "\\" in text:
+    if not text.strip() or "/" in text or "\\" in text or text.strip(".") == "":
         raise pytest.UsageError(f"{option}: expected a file name stem such as '{{engine}}-{{version}}', got {text!r}")
+    found = first_invisible(text)
+    if found is not None:
+        raise pytest.UsageError(f"{option}: {text!r} has an invisible character, {describe_char(found[1])}, "
+                                f"at character {found[0]}: a file name must show what it is")
+    if len(text.encode("utf-8")) > MAX_STEM_BYTES:
+        raise pytest.UsageError(f"{option}: {len(text.encode('utf-8'))} bytes is too long for a file name stem "
+                                f"(at most {MAX_STEM_BYTES}), got {text[:40]!r}...")
     return text
+
+
+#: File systems take 255 bytes per name; the stem leaves room for an extension and a temporary suffix.
+MAX_STEM_BYTES = 150
+
+
+def safe_stem_part(value: object, limit: int = 60) -> str:
+    """A value an engine supplies (its name, its version) as part of a file name: no folder
+    separators, no characters a reader cannot see, not hidden, not too long."""
+    text = "".join("_" if ch in "/\\:*?\"<>|" or invisible(ch, allow="") or ch == " " else ch
+                   for ch in str(value)).strip("._-") or "unknown"
+    return text[:limit]

@@ -241,3 +241,91 @@ def test_diff_against_a_run_that_was_interrupted_fails_the_gate(liar):
     assert diff.returncode == 1
     assert "reports/m.json is incomplete (interrupted: " in diff.stderr and "the gate fails" in diff.stderr
     assert " gone," in diff.stdout and "not reported" in diff.stdout
+
+
+# -- every option at its extremes --------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--mla-cell-timeout=inf"], "--mla-cell-timeout: expected seconds (0: no limit), got 'inf' "
+                                 "(at most 31536000; 0 means no limit)"),
+    (["--mla-cell-timeout=1e20"], "--mla-cell-timeout: expected seconds (0: no limit), got '1e20' *"),
+    (["--mla-cell-timeout=-0.5"], "--mla-cell-timeout: expected seconds (0: no limit), got '-0.5'"),
+    (["-o", "mla_cell_timeout=nan"], "--mla-cell-timeout: expected seconds (0: no limit), got 'nan'"),
+    (["--mla-dcp-timeout=nan"], "--mla-dcp-timeout: expected a positive number of seconds up to 31536000, got 'nan'"),
+    (["--mla-dcp-timeout=inf"], "--mla-dcp-timeout: expected a positive number of seconds up to 31536000, got 'inf'"),
+    (["--mla-dcp-timeout=0"], "--mla-dcp-timeout: expected a positive number of seconds up to 31536000, got '0'"),
+    (["--mla-report-name=a\x01b"], "--mla-report-name: 'a\\x01b' has an invisible character, U+0001 control "
+                                   "character, at character 1: a file name must show what it is"),
+    (["--mla-report-name=" + "x" * 300], "--mla-report-name: 300 bytes is too long for a file name stem (at most 150)*"),
+    (["--mla-report-name=.."], "--mla-report-name: expected a file name stem such as '{engine}-{version}', got '..'"),
+])
+def test_absurd_option_values_are_one_line_before_any_cell(liar, args, message):
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: " + message])
+    _no_traceback(result)
+
+
+def test_the_largest_cell_timeout_still_runs(liar):
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    liar.runpytest("--mla-matrix=m.toml", "--mla-cell-timeout=31536000").assert_outcomes(passed=2)
+
+
+# -- what an engine supplies never decides where files go --------------------------------------
+
+ODD_NAMES_CONFTEST = '''
+from pytest_mla.engines.protocol import Configured
+
+
+class Odd:
+    name = "../../escaped\\u200b"
+    version = "1.0/../../../etc/x" + "9" * 400
+
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        return Configured({"decode": cell.backend})
+
+
+def pytest_mla_engines(config):
+    return {"odd": Odd}
+'''
+
+
+def test_an_engines_name_and_version_cannot_steer_the_report_files(pytester):
+    pytester.makeconftest(ODD_NAMES_CONFTEST)
+    pytester.makefile(".toml", m=matrix(["lenient"], engine="odd"))
+    result = pytester.runpytest("--mla-matrix=m.toml", "--mla-report-name={engine}-{version}")
+    result.assert_outcomes(passed=2)
+    _no_traceback(result)
+    reports = pytester.path / "reports"
+    written = sorted(p.name for p in reports.iterdir())
+    assert len(written) == 3 and all(len(name.encode()) <= 210 for name in written)
+    assert all("/" not in name and "\u200b" not in name and not name.startswith(".") for name in written)
+    assert written[0].startswith("escaped-1.0_.._.._.._etc_x9999")  # separators and the invisible one: _
+    assert not (pytester.path.parent / "escaped").exists()
+    doc = json.loads((reports / written[1]).read_text(encoding="utf-8"))
+    assert doc["run"]["engine"]["name"] == "../../escaped\u200b"  # the JSON keeps what the adapter said
+
+
+def test_results_that_cannot_go_anywhere_are_said_lost_in_one_line(liar):
+    from .helpers import LIAR_CONFTEST
+
+    liar.makeconftest(LIAR_CONFTEST + '''
+import tempfile
+
+def _no_room(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+def pytest_sessionfinish(session):
+    tempfile.mkstemp = _no_room  # every fallback folder is full by the time the results are written
+''')
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    (liar.path / "reports").mkdir()
+    (liar.path / "reports" / "m.json").mkdir()  # the JSON's own path is taken
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml")
+    result.assert_outcomes(passed=2)
+    _no_traceback(result)
+    result.stdout.fnmatch_lines(["mla report: cannot write *m.json: *; nor anywhere else (*No space left on device*"
+                                 "No space left on device): the results are lost"])
