@@ -209,7 +209,14 @@ class MatrixRun:
         from .kernels import harness  # torch and triton load here, not at plugin import
 
         seed = self.settings.seed if self.settings.seed is not None else matrix.seed
-        case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype, overrides=dict(spec.case))
+        try:
+            case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype,
+                                    overrides=dict(spec.case))
+        except harness.CaseTooLarge as exc:
+            return not_run(str(exc))
+        except (ValueError, TypeError) as exc:  # coordinates no check can be built for (tp not dividing the heads)
+            return KernelResult(status=KERNEL_FAILED, where=where, crashed=True,
+                                message=f"cannot build a kernel check for this cell: {exc}")
         key = (case, spec, where, self.settings.dcp_mode)
         cached = self._kernel_results.get(key) or self._shared_result(key)
         if cached is not None:

@@ -19,9 +19,18 @@ from ..core.kernelspec import DCP_MODES
 from ..core.models import ModelConfig
 from ..core.spec import parse_spec
 
-__all__ = ["DCP_MODES", "KernelCase", "case_for", "run_kernel_check"]
+__all__ = ["DCP_MODES", "CaseTooLarge", "KernelCase", "case_for", "run_kernel_check"]
 
 DEFAULT_PAGE_SIZE = 16
+#: The longest request a check builds: beyond it a check of a huge DCP size or page size would
+#: take hours and gigabytes to say nothing more (every rank holds tokens at far smaller sizes).
+MAX_CHECK_TOKENS = 65_536
+#: The most DCP ranks a check simulates.
+MAX_CHECK_RANKS = 256
+
+
+class CaseTooLarge(ValueError):
+    """A cell whose kernel check would be absurdly large (``not-run``, with this text as the reason)."""
 _KV_DTYPES = {"auto": "auto", "bf16": "auto", "fp16": "auto", "fp32": "auto", "fp8": "fp8_e4m3",
               "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
@@ -116,8 +125,13 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
         if key not in fields or key in ("batch", "seqlens"):
             raise ValueError(f"case override {key!r} is not a KernelCase field one may set")
         fields[key] = _KV_DTYPES.get(value, value) if key == "kv_dtype" else value
+    if fields["dcp"] > MAX_CHECK_RANKS:
+        raise CaseTooLarge(f"a kernel check simulates at most {MAX_CHECK_RANKS} DCP ranks, not {fields['dcp']}")
     fields["seqlens"] = tuple(max(n, min_seqlen) for n in _check_seqlens(
         fields["s_q"], fields["dcp"], fields["page_size"], fields["dcp_interleave"]))
+    if max(fields["seqlens"]) > MAX_CHECK_TOKENS:
+        raise CaseTooLarge(f"a kernel check for DCP {fields['dcp']} with page size {fields['page_size']} would "
+                           f"need {max(fields['seqlens']):,} tokens per request (at most {MAX_CHECK_TOKENS:,} here)")
     fields["batch"] = len(fields["seqlens"])
     return KernelCase(**fields, seed=_stable_seed(seed, {**fields, "seqlens": list(fields["seqlens"])}))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -180,3 +181,16 @@ def test_kernel_crash_propagates():
 
     with pytest.raises(RuntimeError, match="boom"):
         run_kernel_check(_small_case(), broken)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"dcp": 100_000}, "a kernel check simulates at most 256 DCP ranks, not 100000"),
+    ({"page_size": 2 ** 40}, "a kernel check for DCP 1 with page size 1099511627776 would need "),
+    # 64 ranks x 4096 + 4096 // 2 + 3 (every rank over more than one page)
+    ({"dcp": 64, "page_size": 4096}, "would need 264,195 tokens per request (at most 65,536 here)"),
+])
+def test_an_absurdly_large_check_is_refused_before_anything_is_allocated(extra, says):
+    from pytest_mla.kernels.harness import CaseTooLarge
+
+    with pytest.raises(CaseTooLarge, match=re.escape(says)):
+        case(**extra)

@@ -329,3 +329,21 @@ def pytest_sessionfinish(session):
     _no_traceback(result)
     result.stdout.fnmatch_lines(["mla report: cannot write *m.json: *; nor anywhere else (*No space left on device*"
                                  "No space left on device): the results are lost"])
+
+
+# -- matrix values at their extremes -----------------------------------------------------------
+
+def test_absurd_axis_sizes_end_in_one_line_each_not_hours(pytester):
+    pytester.makefile(".toml", m=matrix(["triton"], engine="reference", archs=("sm90",)).replace(
+        "dcp = [1]", "dcp = [1, 100000]\ntp = [1, 9223372036854775807]"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist", timeout=300)
+    _no_traceback(result)
+    cells = {c["id"]: c for c in read_report(pytester)["cells"]}
+    huge_dcp = cells["deepseek-v3/triton/dcp100000/none/sm90/tp1"]
+    assert huge_dcp["verdict"] == "pass" and huge_dcp["kernel"] == {
+        "status": "not-run", "where": None, "reason": "a kernel check simulates at most 256 DCP ranks, not 100000"}
+    odd_tp = cells["deepseek-v3/triton/dcp1/none/sm90/tp9223372036854775807"]
+    assert odd_tp["verdict"] == "error"
+    assert odd_tp["reason"] == ("cannot build a kernel check for this cell: deepseek-v3: 128 heads do not split over "
+                                "tp=9223372036854775807")
+    assert len(result.stdout.str().splitlines()) < 80
