@@ -256,7 +256,8 @@ def test_diff_against_a_run_that_was_interrupted_fails_the_gate(liar):
     (["--mla-dcp-timeout=0"], "--mla-dcp-timeout: expected a positive number of seconds up to 31536000, got '0'"),
     (["--mla-report-name=a\x01b"], "--mla-report-name: 'a\\x01b' has an invisible character, U+0001 control "
                                    "character, at character 1: a file name must show what it is"),
-    (["--mla-report-name=" + "x" * 300], "--mla-report-name: 300 bytes is too long for a file name stem (at most 150)*"),
+    (["--mla-report-name=" + "x" * 300],
+     "--mla-report-name: 300 bytes is too long for a file name stem (at most 150)*"),
     (["--mla-report-name=.."], "--mla-report-name: expected a file name stem such as '{engine}-{version}', got '..'"),
 ])
 def test_absurd_option_values_are_one_line_before_any_cell(liar, args, message):

@@ -36,7 +36,8 @@ def test_accepted_triton_cells_are_verified_once_per_numeric_config(pytester):
     """))
     result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
     result.assert_outcomes(passed=16)
-    result.stdout.fnmatch_lines(["kernels: 8 verified on a kernel (4 reused), 0 with emulated kernels, 0 failed, 4 not run",
+    result.stdout.fnmatch_lines(["kernels: 8 verified on a kernel (4 reused), 0 with emulated kernels, 0 failed, "
+                                 "4 not run",
                                  "  worst of the verified: out max abs *e-*, outside abs-or-rel 0%, cos diff *e-*; "
                                  "lse max abs *e-*; kernel time * s"])
     cells = {c["id"]: c for c in read_report(pytester)["cells"]}

@@ -39,7 +39,8 @@ def cell_record(cell: Cell) -> dict:
     if cell.backend == "emul":
         return record(cell, kernel=emulated_kernel())
     if cell.backend == "mixed":  # a real kernel at DCP 1, emulated ones at DCP 2
-        return record(cell, kernel={**verified("interpreter"), "level": "kernel"} if cell.dcp == 1 else emulated_kernel())
+        real = {**verified("interpreter"), "level": "kernel"}
+        return record(cell, kernel=real if cell.dcp == 1 else emulated_kernel())
     return record(cell, kernel=not_run("needs an sm90 GPU; this host is cpu"))
 
 
@@ -146,6 +147,7 @@ def test_refusal_and_failure_never_share_a_symbol_in_any_view():
     doc = document()
     md, term = render_markdown(doc), render_terminal(doc, view="all")
     view = build_backends_view(ReportModel(doc))
-    assert not any(e.state == "rejected" and e.symbol == "❌" for f in view.families for r in f.rows for e in r.entries)
+    entries = [e for f in view.families for r in f.rows for e in r.entries]
+    assert not any(e.state == "rejected" and e.symbol == "❌" for e in entries)
     for text in (md, term):
         assert "❌ refused" not in text and "⛔ failure" not in text
