@@ -1,4 +1,4 @@
-"""The ``pytest-mla`` command: render, merge, diff, check, explain and suggest.
+"""The ``pytest-mla`` command: render, merge, diff, check, explain, suggest, and init.
 
 Exit codes: 0 fine; 1 the answer is "no" (conflicts, a regression, a stale
 document); 2 the input is unusable (unreadable, not a result file, another
@@ -53,7 +53,18 @@ def _write(text: str, out: str | None) -> None:
     try:
         write_text_atomic(out, text)
     except OSError as exc:
-        raise CliError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        raise cannot_write(out, exc) from None
+
+
+def cannot_write(out: str | os.PathLike[str], exc: OSError) -> CliError:
+    """One line for an output path that cannot be written, naming the part of it in the way."""
+    path = Path(out)
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return CliError(f"{out}: cannot write: {blocker} is a file, not a folder")
+    if path.is_dir():
+        return CliError(f"{out}: cannot write: it is a folder")
+    return CliError(f"{out}: cannot write: {exc.strerror or exc}")
 
 
 def output_format(fmt: str | None, out: str | None) -> str:
@@ -108,7 +119,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         try:
             write_json_atomic(args.output, document)
         except OSError as exc:
-            raise CliError(f"{args.output}: cannot write: {exc.strerror or exc}") from None
+            raise cannot_write(args.output, exc) from None
     else:
         _write(text, args.output)
     return 0
@@ -133,7 +144,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
         return 1
     except MergeError as exc:
         raise CliError(str(exc)) from None
-    write_json_atomic(args.output, merged)
+    try:
+        write_json_atomic(args.output, merged)
+    except OSError as exc:
+        raise cannot_write(args.output, exc) from None
     conflicts = merged["run"].get("conflicts") or []
     note = f", {len(conflicts)} conflict(s) kept as errors" if conflicts else ""
     print(f"{PROG} merge: {len(merged['cells'])} cells from {len(docs)} files → {args.output}{note}")
@@ -152,7 +166,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     text = diff.markdown() if args.format == "md" else (
         json.dumps(diff.as_dict(), indent=1, ensure_ascii=False) + "\n" if args.format == "json" else diff.text() + "\n")
     _write(text, args.output)
-    return 1 if diff.has_regressions else 0
+    for warning in diff.warnings():  # also on stderr: a gate's log must show it whatever the format
+        print(f"{PROG} diff: {warning}", file=sys.stderr)
+    return 1 if diff.gate_fails else 0
 
 
 _BANNER_COMMAND = re.compile(r"Regenerate with `(pytest-mla render [^`]*)`")
@@ -230,7 +246,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .core.cells import Cell, CellIdError
     from .core.errors import MatrixError
     from .core.matrix import _as_version, load_matrix
     from .core.rules import render_message
@@ -240,19 +255,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except MatrixError as exc:
         more = f" (+{len(exc.problems) - 1} more problems)" if len(exc.problems) > 1 else ""
         raise CliError(str(exc).splitlines()[0] + more) from None
-    try:
-        cell = Cell.from_id(args.cell)
-    except CellIdError as exc:
-        raise CliError(str(exc)) from None
-    for axis, value in cell.coords.items():
-        if axis not in matrix.axes:
-            raise CliError(f"cell {cell.id}: the matrix has no {axis} axis")
-        if value not in matrix.axes[axis]:
-            known = ", ".join(str(v) for v in matrix.axes[axis])
-            raise CliError(f"cell {cell.id}: {axis} {value!r} is not in the matrix (known: {known})")
-    missing = [a for a in matrix.axes if a not in cell.coords]
-    if missing:
-        raise CliError(f"cell {args.cell}: no value for the matrix's {', '.join(missing)} axis")
+    cell = explained_cell(matrix, args.cell)
     version = _as_version(args.engine_version)
     if args.engine_version and version is None:
         raise CliError(f"--engine-version: not a version: {args.engine_version!r}")
@@ -305,6 +308,82 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def shipped_matrices() -> dict[str, Any]:
+    """Engine name → the matrix file shipped in the package (``pytest_mla/matrices``)."""
+    from importlib import resources
+
+    folder = resources.files("pytest_mla").joinpath("matrices")
+    found = {}
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if entry.name.endswith(".toml"):
+                found[entry.name[:-len(".toml")]] = entry
+    return dict(sorted(found.items()))
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    shipped = shipped_matrices()
+    if args.engine not in shipped:
+        raise CliError(f"no matrix shipped for {args.engine!r} (shipped: {', '.join(shipped) or 'none'})")
+    out = Path(args.output or os.path.join("matrix", f"{args.engine}.toml"))
+    if out.is_dir():
+        out = out / f"{args.engine}.toml"
+    if out.exists() and not args.force:
+        raise CliError(f"{out} exists; pass --force to replace it with the shipped matrix")
+    text = shipped[args.engine].read_text(encoding="utf-8")
+    try:
+        write_text_atomic(out, text)
+    except OSError as exc:
+        raise cannot_write(out, exc) from None
+    version = re.search(r'^version\s*=\s*"([^"]*)"', text, re.MULTILINE)
+    describes = f" (describes {args.engine} {version.group(1)})" if version else ""
+    print(f"{PROG} init: wrote {out}{describes}; run it where {args.engine} is installed with:\n"
+          f"  pytest --mla-matrix={out.as_posix()}")
+    return 0
+
+
+#: Above this many cells, explain does not search every cell for the nearest id.
+NEAREST_LIMIT = 50_000
+
+
+def explained_cell(matrix: Any, text: str) -> Any:
+    """The cell ``text`` names: a canonical id (``model/backend/dcpN/...``), the name pytest prints
+    (``model-backend-dcpN-...``), or a whole node id (``matrix/x.toml::name``). ``CliError`` when
+    it names no cell of the matrix, with the nearest id where one is close."""
+    from .core.cells import Cell, CellIdError
+
+    name = text.rpartition("::")[2].strip()
+    if "/" not in name:  # the form pytest prints
+        try:
+            return Cell.from_name(name, matrix.axes)
+        except CellIdError:
+            raise CliError(f"cell {text!r} matches no cell of the matrix{nearest_hint(matrix, name, 'name')}") from None
+    try:
+        cell = Cell.from_id(name)
+    except CellIdError as exc:
+        raise CliError(str(exc)) from None
+    for axis, value in cell.coords.items():
+        if axis not in matrix.axes:
+            raise CliError(f"cell {cell.id}: the matrix has no {axis} axis")
+        if value not in matrix.axes[axis]:
+            known = ", ".join(str(v) for v in matrix.axes[axis])
+            raise CliError(f"cell {cell.id}: {axis} {value!r} is not in the matrix (known: {known})"
+                           f"{nearest_hint(matrix, cell.id, 'id')}")
+    missing = [a for a in matrix.axes if a not in cell.coords]
+    if missing:
+        raise CliError(f"cell {text}: no value for the matrix's {', '.join(missing)} axis")
+    return cell
+
+
+def nearest_hint(matrix: Any, text: str, form: str) -> str:
+    """``; did you mean deepseek-v3/flashmla/dcp2/eagle-2x2/sm90?`` (or nothing when none is close)."""
+    if matrix.size > NEAREST_LIMIT:
+        return ""
+    cells = {getattr(c, form): c for c in matrix.cells()}
+    close = difflib.get_close_matches(text, list(cells), n=1, cutoff=0.6)
+    return f"; did you mean {cells[close[0]].id}?" if close else ""
+
+
 def cmd_suggest(args: argparse.Namespace) -> int:
     from .report.suggest import as_patch, as_text, suggest
 
@@ -341,7 +420,8 @@ def _model_fields() -> Sequence[str]:
 # -- parser ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Render, merge, diff and check pytest-mla result files; "
-                                "explain how a matrix decides a cell; suggest the rule edits a failing run calls for.")
+                                "explain how a matrix decides a cell; suggest the rule edits a failing run calls for; "
+                                "copy a shipped engine matrix into a repo (init).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("render", help="render a result file as Markdown, HTML, JSON or terminal text",
@@ -370,7 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("diff", help="regressions, fixes, new and gone cells between two result files",
                        description="Compare OLD.json with NEW.json. Exit 1 when a cell regressed "
-                                   "(pass → fail/error, or kernel verified → failed).")
+                                   "(pass → fail/error, or kernel verified → failed) or when NEW.json is a run "
+                                   "that was interrupted (run.interrupted); cells an incomplete NEW.json lacks "
+                                   "are 'not reported', not 'gone'.")
     d.add_argument("old", metavar="OLD.json")
     d.add_argument("new", metavar="NEW.json")
     d.add_argument("--format", "-f", choices=("text", "md", "json"), default="text",
@@ -404,9 +486,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
     s.set_defaults(func=cmd_suggest)
 
+    i = sub.add_parser("init", help="copy a matrix pytest-mla ships (sglang, vllm, reference) into this repo",
+                       description="Write the engine matrix this pytest-mla ships for ENGINE to matrix/ENGINE.toml "
+                                   "(or -o PATH), to run with pytest --mla-matrix and edit as the engine changes.")
+    i.add_argument("engine", metavar="ENGINE", help="sglang, vllm or reference")
+    i.add_argument("-o", "--output", metavar="PATH", default=None,
+                   help="where to write it (a file, or a folder for ENGINE.toml; default matrix/ENGINE.toml)")
+    i.add_argument("--force", action="store_true", help="replace an existing file")
+    i.set_defaults(func=cmd_init)
+
     e = sub.add_parser("explain", help="which rule of a matrix decides a cell, and why",
                        description="Try each rule of MATRIX.toml in order against CELL_ID "
-                                   "(model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN]), showing each predicate "
+                                   "(model/backend/dcpN/spec/arch[/kv-X][/pageN][/tpN], or the name pytest prints: "
+                                   "model-backend-dcpN-spec-arch, or a whole node id), showing each predicate "
                                    "with the cell's value; the deciding rule is marked with →.")
     e.add_argument("matrix", metavar="MATRIX.toml")
     e.add_argument("cell", metavar="CELL_ID")
@@ -427,6 +519,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a file that could not be read or written, anywhere not caught above
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{PROG}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
         # A result file that passed the checks of read_results but has odd records.
         files = [getattr(args, k) for k in ("result", "old", "new") if isinstance(getattr(args, k, None), str)]

@@ -20,8 +20,10 @@ import pytest
 
 from .core.cells import Cell
 from .core.errors import MatrixError
+from .core.plain import json_safe
 from .core.records import CellRecord, crash_record, kernel_of
 from .core.rules import Expectation
+from .core.text import visible
 from .core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, VERIFIED, XFAIL, XPASS
 from .options import MATRIX_OPTION, Settings
 from .runner import run_key
@@ -90,11 +92,15 @@ class CellItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, (CellMismatch, CellError)):
             kind = "mismatch" if isinstance(excinfo.value, CellMismatch) else "error"
+            kernel = kernel_of(self.record) if self.record else {}
+            if kernel.get("status") == KERNEL_FAILED:  # the engine did as expected; its kernel did not
+                kind = ("kernel crashed" if kernel.get("crashed") else "the engine's backend raised after accepting"
+                        if kernel.get("finding") else "kernel out of tolerance")
             rule = self.expectation.rule
             decided = (f"rule[{rule}] at line {self.expectation.rule_line}" if rule is not None
                        else "no rule (default: accept)")
             lines = [f"{self.cell.id}: {kind}", f"  expectation from {decided}: {self.expectation.describe()}"]
-            lines += ["  " + ln for ln in str(excinfo.value).splitlines()]
+            lines += ["  " + visible(ln) for ln in str(excinfo.value).splitlines()]
             if self.record and self.record.get("traceback"):
                 lines += ["", self.record["traceback"].rstrip()]
             return "\n".join(lines)
@@ -107,22 +113,31 @@ class CellItem(pytest.Item):
 
 # ---- finding and selecting -------------------------------------------------------------------
 
-def find_matrix_files(config: pytest.Config, settings: Settings) -> list[Path]:
-    """The matrix files of this session, resolved, in order, each once (``pytest.UsageError`` if none)."""
+def find_matrix_files(config: pytest.Config, settings: Settings) -> tuple[list[Path], set[Path]]:
+    """The matrix files of this session, resolved, in order, each once, and those of them named
+    one by one with ``--mla-matrix=FILE`` (which must run: their engine must be here).
+    ``pytest.UsageError`` if there are none."""
     invocation = config.invocation_params.dir
     files: list[Path] = []
+    named: set[Path] = set()
     if settings.matrix_paths:
         for text in settings.matrix_paths:
             path = (invocation / text).resolve()
             if path.is_dir():
-                found = sorted(path.glob("*.toml"))
+                found = sorted(p for p in path.glob("*.toml") if p.is_file())
                 if not found:
-                    raise pytest.UsageError(f"{MATRIX_OPTION}: no *.toml matrix files in {text}")
+                    raise pytest.UsageError(f"{MATRIX_OPTION}: no *.toml matrix files in {text}"
+                                            + swallowed_hint(text, settings))
                 files += found
             elif path.is_file():
+                if path.suffix != ".toml":
+                    raise pytest.UsageError(f"{MATRIX_OPTION}: {text} is not a .toml matrix file"
+                                            + swallowed_hint(text, settings))
                 files.append(path)
+                named.add(path)
             else:
-                raise pytest.UsageError(f"{MATRIX_OPTION}: matrix file not found: {text}")
+                raise pytest.UsageError(f"{MATRIX_OPTION}: matrix file not found: {text}"
+                                        + swallowed_hint(text, settings))
     else:
         patterns = config.getini("mla_matrix_files")
         for pattern in patterns:
@@ -136,7 +151,41 @@ def find_matrix_files(config: pytest.Config, settings: Settings) -> list[Path]:
     for f in files:
         if f not in unique:
             unique.append(f)
-    return unique
+    return unique, named
+
+
+def swallowed_hint(text: str, settings: Settings) -> str:
+    """What happened when ``text`` came from ``--mla-matrix WORD`` (no '='), and the fix."""
+    if text not in settings.swallowed:
+        return ""
+    return (f" ({MATRIX_OPTION} written without '=' takes the next word, {text!r}, as its matrix files: write "
+            f"{MATRIX_OPTION}=PATH, repeated for more files, and give test paths before the option: "
+            f"pytest {text} {MATRIX_OPTION})")
+
+
+def check_test_paths(config: pytest.Config, files: list[Path], settings: Settings) -> None:
+    """A ``.toml`` given as a test path is never collected as a matrix (``pytest --mla-matrix a.toml
+    b.toml`` runs only ``a.toml``): say so rather than run without it."""
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        return
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if path.suffix == ".toml" and path not in files:
+            given = " ".join(f"{MATRIX_OPTION}={t}" for t in (*settings.matrix_paths, arg)) if settings.matrix_paths \
+                else f"{MATRIX_OPTION}={arg}"
+            raise pytest.UsageError(
+                f"{arg}: a .toml file given as a test path is not run as a matrix ({MATRIX_OPTION} takes one "
+                f"value, written with '='): to run it, write {given}")
+
+
+def matrix_nodeid(config: pytest.Config, path: Path) -> str | None:
+    """The node id of a matrix file outside the rootdir: its absolute path. pytest would give every
+    such file the empty id, and the cells of two of them the same ids (``::cell``)."""
+    try:
+        path.relative_to(config.rootpath)
+    except ValueError:
+        return path.as_posix()
+    return None
 
 
 def add_collection_args(config: pytest.Config, files: list[Path]) -> None:
@@ -244,7 +293,9 @@ def finish_record(item: CellItem, report: pytest.TestReport, call: pytest.CallIn
         else:
             message = call.excinfo.exconly() if call.excinfo else "no result"
             record = crash_record(loaded.matrix.name, item.cell, item.expectation, f"harness error: {message}")
-    record = CellRecord(record)
+    # Plain values only: xdist's transport and the JSON file take nothing else (a hook's object,
+    # an engine's message with a lone surrogate).
+    record = CellRecord(json_safe(record))
     if hasattr(report, "wasxfail") and report.passed and known_bug_unchecked(record):
         # The known bug is one only the kernel check can show, and it did not run: an xpass
         # here would claim a fix nobody saw. The cell passes; its note says what was not checked.

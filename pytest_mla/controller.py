@@ -23,7 +23,9 @@ from .collect import RECORD_ATTR
 from .core.cells import Cell, CellIdError, nodeid_name
 from .core.errors import MatrixError
 from .core.host import probe_host
+from .core.plain import json_safe
 from .core.records import CellRecord, crash_record
+from .options import safe_stem_part
 from .report import run_document
 from .report.results import write_results, write_text_atomic
 from .report.summary import build_summary
@@ -36,6 +38,7 @@ class ResultCollector:
         self.config = config
         self.run = run
         self.records: dict[str, CellRecord] = {}  # node id → record
+        self._files_by_path: dict[str, Path] = {}  # node id path → matrix file
         self.started = run_document.now()
         self.written: list[Path] = []
         self.interrupted = False
@@ -51,11 +54,15 @@ class ResultCollector:
     def pytest_configure_node(self, node: Any) -> None:
         """Hand every xdist worker the folder where kernel results are shared."""
         if self.kernel_cache is None:
-            self.kernel_cache = tempfile.mkdtemp(prefix="pytest-mla-kernels-")
-        node.workerinput[KERNEL_CACHE_INPUT] = self.kernel_cache
+            try:
+                self.kernel_cache = tempfile.mkdtemp(prefix="pytest-mla-kernels-")
+            except OSError:  # no writable temporary folder: each worker checks its own kernels
+                self.kernel_cache = ""
+        if self.kernel_cache:
+            node.workerinput[KERNEL_CACHE_INPUT] = self.kernel_cache
 
     def pytest_unconfigure(self) -> None:
-        if self.kernel_cache is not None:
+        if self.kernel_cache:
             shutil.rmtree(self.kernel_cache, ignore_errors=True)
 
     # -- events ----------------------------------------------------------------------
@@ -87,7 +94,7 @@ class ResultCollector:
             path, name = nodeid_name(nodeid)
         except CellIdError:
             return None
-        file = (self.config.rootpath / path).resolve()
+        file = self.file_of(nodeid)
         if file not in {f.resolve() for f in self.run.files}:
             return None
         try:
@@ -103,7 +110,8 @@ class ResultCollector:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.interrupted = True
-        if self.run.settings.strict_coverage and self.uncovered() and session.exitstatus == pytest.ExitCode.OK:
+        strict = self.run.settings.strict_coverage
+        if strict and (self.uncovered() or self.coverage_unknown()) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         out = report_folder(self.config, self.run.settings.report_dir)
         stems = report_stems(self.run)
@@ -112,26 +120,25 @@ class ResultCollector:
                 loaded = self.run.load(file)
             except MatrixError:
                 continue  # already reported as a collection error
-            document = self.documents[file] = self.document(loaded)
+            document = self.documents[file] = self.document(file, loaded)
             markdown = None
             if out is not None and (document["cells"] or self.records):
                 engine = document["run"]["engine"]
-                stem = out / self.run.settings.report_name.format(
-                    matrix=stems[file], engine=engine["name"], version=engine["version"] or "unavailable")
+                stem = out / report_stem(self.run.settings.report_name, stems[file], engine["name"],
+                                         engine["version"] or "unavailable")
                 markdown = self.write(document, stem)
             self.gate(session, document, markdown)
 
     def write(self, document: dict[str, Any], stem: Path) -> str | None:
         """The result files of one matrix; if the JSON cannot be written there, it goes to a
         temporary file (the finished cells are never lost) and the summary says where."""
+        document = json_safe(document)  # an engine's odd value, an argv byte: never a lost report
         try:
             self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
         except OSError as exc:
-            fd, fallback = tempfile.mkstemp(prefix=f"pytest-mla-{stem.name}-", suffix=".json")
-            os.close(fd)
-            write_results(fallback, document["run"], document["cells"])
-            self.write_failures.append(f"cannot write {_with_ext(stem, 'json')}: {exc.strerror or exc}; "
-                                       f"the results are in {fallback}")
+            fallback, why = write_fallback(document, stem)
+            where = f"the results are in {fallback}" if fallback else f"nor anywhere else ({why}): the results are lost"
+            self.write_failures.append(f"cannot write {_with_ext(stem, 'json')}: {exc.strerror or exc}; {where}")
             return None
         try:
             return render_files(document, stem, self.run.settings.formats, self.written)
@@ -145,6 +152,25 @@ class ResultCollector:
                                        f"{type(exc).__name__}: {exc} (the results are written; render them "
                                        f"with: pytest-mla render {_with_ext(stem, 'json')})")
             return None
+
+    def coverage_unknown(self) -> dict[str, str]:
+        """Matrix file → why its engine's backends cannot be listed (``--mla-strict-coverage``
+        cannot be kept there: it fails rather than pass having checked nothing)."""
+        found = {}
+        for file in self.run.files:
+            try:
+                loaded = self.run.load(file)
+            except MatrixError:
+                continue
+            if loaded.engine is None:
+                continue  # skipped: the engine is not here (said once per file)
+            coverage = loaded.coverage
+            if coverage is None:
+                name = getattr(loaded.engine, "name", None) or loaded.matrix.engine_name
+                found[self.run.display_path(file)] = f"its adapter {name!r} has no registered_backends()"
+            elif coverage.get("error"):
+                found[self.run.display_path(file)] = str(coverage["error"])
+        return found
 
     def uncovered(self) -> dict[str, list[str]]:
         """Matrix file → the MLA-capable backends its engine registers that it does not list."""
@@ -175,9 +201,21 @@ class ResultCollector:
                 from .report.markdown import render_markdown
 
                 summary = render_markdown(document)
-            append_step_summary(summary)
+            try:
+                append_step_summary(summary)
+            except OSError as exc:  # checked writable at the start; a full disk or a moved file since
+                self.write_failures.append(f"cannot append to GITHUB_STEP_SUMMARY "
+                                           f"({os.environ['GITHUB_STEP_SUMMARY']}): {exc.strerror or exc}")
 
-    def document(self, loaded: LoadedMatrix) -> dict[str, Any]:
+    def file_of(self, nodeid: str) -> Path:
+        """The matrix file of a cell's node id (relative to the rootdir, or absolute outside it)."""
+        path = nodeid.split("::", 1)[0]
+        known = self._files_by_path.get(path)
+        if known is None:
+            known = self._files_by_path[path] = (self.config.rootpath / path).resolve()
+        return known
+
+    def document(self, file: Path, loaded: LoadedMatrix) -> dict[str, Any]:
         engine = loaded.engine
         settings = self.run.settings
         info = {
@@ -202,7 +240,9 @@ class ResultCollector:
             "dcp_mode": settings.dcp_mode,
             "args": self.config.invocation_params.args,
         }
-        return run_document.build_document(loaded.matrix, self.records.values(), engine=info,
+        # This file's cells only: two files may share a matrix name (a/x.toml, b/x.toml).
+        records = [r for nodeid, r in self.records.items() if self.file_of(nodeid) == file]
+        return run_document.build_document(loaded.matrix, records, engine=info,
                                            user_tests=self.user_tests, host=probe_host(),
                                            environment=environment, interrupted=self.interrupted)
 
@@ -214,7 +254,8 @@ class ResultCollector:
         lines = build_summary(list(self.records.values()), [d for d in documents if d is not None],
                               verbosity=self.config.get_verbosity(),
                               baseline=self.run.settings.baseline if self.run.baseline is not None else None,
-                              regressions=self.regressions, written=[_shown(p) for p in self.written])
+                              regressions=self.regressions, written=[_shown(p) for p in self.written],
+                              interrupted=self.interrupted)
         terminalreporter.write_sep("=", "mla matrix")
         for text, markup in lines:
             terminalreporter.write_line(text, **markup)
@@ -232,12 +273,14 @@ class ResultCollector:
             for shown, names in self.uncovered().items():
                 terminalreporter.write_line(f"--mla-strict-coverage: {shown} does not cover the MLA-capable "
                                             f"backends {', '.join(names)}", red=True)
+            for shown, why in self.coverage_unknown().items():
+                terminalreporter.write_line(f"--mla-strict-coverage: cannot check {shown}: {why}", red=True)
 
     def _document_for_summary(self, file: Path) -> dict[str, Any] | None:
         if file in self.documents:
             return self.documents[file]
         try:  # no report files written (--mla-report-dir=none)
-            return self.document(self.run.load(file))
+            return self.document(file, self.run.load(file))
         except MatrixError:
             return None
 
@@ -265,6 +308,40 @@ def check_report_folder(config: pytest.Config, report_dir: str | None) -> None:
         if out.exists() and not out.is_dir():
             reason = "it is a file, not a folder"
         raise pytest.UsageError(f"--mla-report-dir: cannot write reports to {out}: {reason}") from None
+
+
+def write_fallback(document: dict[str, Any], stem: Path) -> tuple[str | None, str]:
+    """Where the results go when their folder cannot take them: the temporary folder, else the
+    folder pytest was started in. ``(path, "")``, or ``(None, why)`` when neither takes them."""
+    reasons = []
+    for folder in (None, os.getcwd()):
+        try:
+            fd, fallback = tempfile.mkstemp(prefix=f"pytest-mla-{stem.name[:40]}-", suffix=".json", dir=folder)
+            os.close(fd)
+            write_results(fallback, document["run"], document["cells"])
+            return fallback, ""
+        except OSError as exc:
+            reasons.append(f"{folder or tempfile.gettempdir()}: {exc.strerror or exc}")
+    return None, "; ".join(reasons)
+
+
+#: Longest report file stem, in bytes (a file system takes 255 per name, with the extension and a temporary suffix).
+MAX_STEM_BYTES = 200
+
+
+def report_stem(template: str, matrix: str, engine: Any, version: Any) -> str:
+    """The file stem of a matrix's reports: ``--mla-report-name`` filled in. The engine's name and
+    version are the adapter's values, so they are made safe for a file name (no ``/``, nothing
+    invisible); a stem too long for a file system is cut, with a hash of the whole to keep it apart."""
+    import hashlib
+
+    stem = template.format(matrix=safe_stem_part(matrix, 120), engine=safe_stem_part(engine),
+                           version=safe_stem_part(version))
+    data = stem.encode("utf-8")
+    if len(data) <= MAX_STEM_BYTES:
+        return stem
+    digest = hashlib.sha256(data).hexdigest()[:12]
+    return data[:MAX_STEM_BYTES - 13].decode("utf-8", "ignore") + "-" + digest
 
 
 def report_stems(run: MatrixRun) -> dict[Path, str]:
@@ -297,24 +374,6 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
         return {"error": f"metadata() raised {type(exc).__name__}: {exc}"}
     plain = json_safe(data)
     return plain if isinstance(plain, dict) else {"value": plain}
-
-
-def json_safe(value: Any, depth: int = 0) -> Any:
-    if depth > 20:
-        return repr(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
-    if isinstance(value, dict):
-        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v, depth + 1) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((json_safe(v, depth + 1) for v in value), key=repr)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return repr(value)
 
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path]) -> str | None:

@@ -14,6 +14,7 @@ import pytest
 
 from .core.cells import ARCH_HINT, AXES, INT_AXES, is_arch
 from .core.kernelspec import DCP_MODES
+from .core.text import describe_char, first_invisible, invisible
 
 KERNEL_MODES = ("auto", "off")
 MATRIX_OPTION = "--mla-matrix"
@@ -32,7 +33,9 @@ DEFAULT_MAX_CELLS = 200_000
 class Settings:
     """Everything the ``--mla-*`` options decide, parsed once."""
 
-    matrix_paths: tuple[str, ...]  # explicit paths from --mla-matrix=..., empty: use mla_matrix_files
+    matrix_paths: tuple[str, ...]  # explicit paths from --mla-matrix=... (each use), empty: use mla_matrix_files
+    #: ``--mla-matrix WORD`` written without '=': the words the option took as its value.
+    swallowed: tuple[str, ...] = ()
     select: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     report_dir: str | None = "reports"
     formats: tuple[str, ...] = ("json", "md", "html")
@@ -61,9 +64,10 @@ def add_options(parser: pytest.Parser) -> None:
     """Every ``--mla-*`` option in one group, with its ``mla_*`` ini twin."""
     group = parser.getgroup("mla", "pytest-mla: MLA attention-backend compatibility matrix")
     group.addoption(
-        MATRIX_OPTION, nargs="?", const="", default=None, metavar="PATHS",
-        help="run compatibility matrices: the comma-separated TOML files given, or those of the "
-             f"mla_matrix_files ini setting (default {DEFAULT_MATRIX_GLOB}). Off by default.",
+        MATRIX_OPTION, nargs="?", const="", default=None, action="append", metavar="PATHS",
+        help="run compatibility matrices: the TOML files or folders given (--mla-matrix=PATH, repeatable, "
+             f"or comma-separated), or those of the mla_matrix_files ini setting (default {DEFAULT_MATRIX_GLOB}). "
+             "Write the paths with '=': a bare --mla-matrix takes the next word as its value. Off by default.",
     )
     group.addoption("--mla-select", action="append", default=[], metavar="AXIS=V1,V2",
                     help="run only cells whose AXIS is one of the values (repeatable; combine with -k).")
@@ -125,11 +129,12 @@ def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
 
 
 def read_settings(config: pytest.Config) -> Settings:
-    text = config.getoption(MATRIX_OPTION) or ""
+    values = config.getoption(MATRIX_OPTION) or []
     report_dir = _opt(config, "--mla-report-dir", "mla_report_dir")
     timeout = config.getoption("--mla-dcp-timeout")
     return Settings(
-        matrix_paths=tuple(p.strip() for p in text.split(",") if p.strip()),
+        matrix_paths=tuple(p.strip() for text in values for p in text.split(",") if p.strip()),
+        swallowed=swallowed_words(config.invocation_params.args),
         select=parse_select(config.getoption("--mla-select")),
         report_dir=None if report_dir in ("", "none") else report_dir,
         formats=parse_formats(_opt(config, "--mla-report-format", "mla_report_format")),
@@ -146,6 +151,12 @@ def read_settings(config: pytest.Config) -> Settings:
         cell_timeout=parse_cell_timeout(_opt(config, "--mla-cell-timeout", "mla_cell_timeout")),
         max_cells=parse_max_cells(_opt(config, "--mla-max-cells", "mla_max_cells")),
     )
+
+
+def swallowed_words(args: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The words a bare ``--mla-matrix`` took as its value (``--mla-matrix tests`` takes ``tests``)."""
+    args = list(args)
+    return tuple(nxt for arg, nxt in zip(args, args[1:]) if arg == MATRIX_OPTION and not nxt.startswith("-"))
 
 
 def parse_select(values: list[str], option: str = "--mla-select") -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -229,13 +240,18 @@ def parse_formats(text: str, option: str = "--mla-report-format") -> tuple[str, 
     return items
 
 
+#: The longest timeout taken (a year): the timers behind them overflow long before ``inf``.
+MAX_TIMEOUT = 365 * 24 * 3600.0
+
+
 def parse_timeout(text: str, option: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise pytest.UsageError(f"{option}: expected seconds, got {text!r}") from None
-    if value <= 0:
-        raise pytest.UsageError(f"{option}: expected a positive number of seconds, got {text!r}")
+    if not 0 < value <= MAX_TIMEOUT:  # NaN, inf and the negatives fail this too
+        raise pytest.UsageError(f"{option}: expected a positive number of seconds up to {MAX_TIMEOUT:.0f}, "
+                                f"got {text!r}")
     return value
 
 
@@ -245,8 +261,9 @@ def parse_cell_timeout(text: str, option: str = "--mla-cell-timeout") -> float |
         value = float(text)
     except (TypeError, ValueError):
         raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}") from None
-    if value < 0 or value != value:
-        raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}")
+    if not 0 <= value <= MAX_TIMEOUT:  # NaN and inf fail this too: SIGALRM's timer takes neither
+        raise pytest.UsageError(f"{option}: expected seconds (0: no limit), got {text!r}"
+                                + (f" (at most {MAX_TIMEOUT:.0f}; 0 means no limit)" if value > MAX_TIMEOUT else ""))
     return value or None
 
 
@@ -276,6 +293,25 @@ def parse_report_name(text: str, option: str = "--mla-report-name") -> str:
             raise pytest.UsageError(
                 f"{option}: unknown placeholder {{{field}}} in {text!r} (known: {', '.join(REPORT_NAME_FIELDS)})"
             )
-    if not text.strip() or "/" in text or "\\" in text:
+    if not text.strip() or "/" in text or "\\" in text or text.strip(".") == "":
         raise pytest.UsageError(f"{option}: expected a file name stem such as '{{engine}}-{{version}}', got {text!r}")
+    found = first_invisible(text)
+    if found is not None:
+        raise pytest.UsageError(f"{option}: {text!r} has an invisible character, {describe_char(found[1])}, "
+                                f"at character {found[0]}: a file name must show what it is")
+    if len(text.encode("utf-8")) > MAX_STEM_BYTES:
+        raise pytest.UsageError(f"{option}: {len(text.encode('utf-8'))} bytes is too long for a file name stem "
+                                f"(at most {MAX_STEM_BYTES}), got {text[:40]!r}...")
     return text
+
+
+#: File systems take 255 bytes per name; the stem leaves room for an extension and a temporary suffix.
+MAX_STEM_BYTES = 150
+
+
+def safe_stem_part(value: object, limit: int = 60) -> str:
+    """A value an engine supplies (its name, its version) as part of a file name: no folder
+    separators, no characters a reader cannot see, not hidden, not too long."""
+    text = "".join("_" if ch in "/\\:*?\"<>|" or invisible(ch, allow="") or ch == " " else ch
+                   for ch in str(value)).strip("._-") or "unknown"
+    return text[:limit]

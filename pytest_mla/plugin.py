@@ -20,7 +20,7 @@ import pytest
 from . import collect, user_cells
 from .collect import RECORD_ATTR, CellItem, MatrixFile
 from .core.errors import MatrixError
-from .core.host import kernel_dependencies_missing, probe_host, worker_gpu
+from .core.host import environment_problems, kernel_dependencies_missing, probe_host, worker_gpu
 from .options import MATRIX_OPTION, add_options, read_settings
 from .runner import MatrixRun, run_key
 
@@ -46,11 +46,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mla_matrix(path, select=None): run a test over the cells of a matrix file")
     if config.getoption(MATRIX_OPTION) is None:
         return
+    problems = environment_problems()
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
     settings = read_settings(config)
     pin_worker_gpu(config)
-    files = collect.find_matrix_files(config, settings)
+    files, named = collect.find_matrix_files(config, settings)
+    if is_controller(config):
+        collect.check_test_paths(config, files, settings)
     collect.add_collection_args(config, files)
-    run = MatrixRun(config, settings, files)
+    run = MatrixRun(config, settings, files, named=named)
     config.stash[run_key] = run
     if is_controller(config):
         from .controller import ResultCollector, check_report_folder
@@ -59,8 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
         check_report_folder(config, settings.report_dir)
         if settings.baseline:
             run.baseline = read_baseline(run, settings.baseline)
-        config.pluginmanager.register(ResultCollector(config, run), "mla-results")
-        stop_on_sigterm(config)
+        collector = ResultCollector(config, run)
+        config.pluginmanager.register(collector, "mla-results")
+        stop_on_sigterm(config, collector)
+        finish_on_second_interrupt(config, collector)
 
 
 def read_baseline(run: MatrixRun, path: str) -> dict[str, Any]:
@@ -84,7 +91,7 @@ def read_baseline(run: MatrixRun, path: str) -> dict[str, Any]:
     return baseline
 
 
-def stop_on_sigterm(config: pytest.Config) -> None:
+def stop_on_sigterm(config: pytest.Config, collector: Any) -> None:
     """SIGTERM (a cancelled CI job, a polite OOM killer) ends the session like Ctrl-C: the
     finished cells are written with ``complete: false``. A handler someone else installed stays."""
     import signal
@@ -97,11 +104,48 @@ def stop_on_sigterm(config: pytest.Config) -> None:
 
     def interrupt(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        collector.interrupted = True  # known here, whatever happens to the exception on its way
         raise KeyboardInterrupt(f"SIGTERM (signal {signum})")
 
     signal.signal(signal.SIGTERM, interrupt)
     config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
                        if signal.getsignal(signal.SIGTERM) is interrupt else None)
+
+
+#: Ctrl-C presses ignored after the first before one gets through (a teardown that hangs).
+PATIENCE = 3
+
+
+def finish_on_second_interrupt(config: pytest.Config, collector: Any) -> None:
+    """The first Ctrl-C interrupts the run as always, and marks it interrupted at once; the next
+    few, while pytest winds down and the finished cells are written, are ignored with a line.
+
+    An impatient second press used to land inside pytest's own handling of the first (formatting
+    its traceback): the report then said ``interrupted: false`` and the terminal ended in a
+    traceback. The fourth press after the first gets through, for a teardown that hangs.
+    A handler someone else installed stays."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    presses = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        __tracebackhide__ = True  # pytest shows where the run was, not this handler
+        presses.append(signum)
+        if len(presses) == 1 or len(presses) > PATIENCE + 1:
+            collector.interrupted = True
+            signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt where the run was
+        left = PATIENCE + 2 - len(presses)
+        os.write(2, (f"\nmla: interrupted; writing the finished cells first (Ctrl-C {left} more "
+                     f"time{'s' if left > 1 else ''} to abort without them)\n").encode())
+
+    signal.signal(signal.SIGINT, interrupt)
+    config.add_cleanup(lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
+                       if signal.getsignal(signal.SIGINT) is interrupt else None)
 
 
 def pin_worker_gpu(config: pytest.Config) -> None:
@@ -117,6 +161,9 @@ def pin_worker_gpu(config: pytest.Config) -> None:
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MatrixFile | None:
     run = parent.config.stash.get(run_key, None)
     if run is not None and file_path.suffix == ".toml" and file_path.resolve() in run.files:
+        nodeid = collect.matrix_nodeid(parent.config, file_path.resolve())
+        if nodeid is not None:
+            return MatrixFile.from_parent(parent, path=file_path, nodeid=nodeid)
         return MatrixFile.from_parent(parent, path=file_path)
     return None
 

@@ -53,10 +53,12 @@ class LoadedMatrix:
 
 
 class MatrixRun:
-    def __init__(self, config: pytest.Config, settings: Settings, files: list[Path]) -> None:
+    def __init__(self, config: pytest.Config, settings: Settings, files: list[Path], *,
+                 named: set[Path] | frozenset[Path] = frozenset()) -> None:
         self.config = config
         self.settings = settings
         self.files = files
+        self.named = named  # files named one by one with --mla-matrix=FILE: their engine must be here
         self._loaded: dict[Path, LoadedMatrix] = {}
         self._engines: dict[str, Engine | Exception] = {}
         self._kernel_results: dict[tuple[Any, ...], KernelResult] = {}
@@ -87,6 +89,12 @@ class MatrixRun:
             matrix = load_matrix(path, extra_models=self.extra_models(), display_path=shown,
                                  max_cells=self.settings.max_cells)
             engine, reason = self.engine(matrix)
+            if engine is None and path in self.named:
+                # A nightly that lost its engine must not be green: a file named on the command
+                # line runs or stops the session; one found through mla_matrix_files may skip.
+                raise MatrixError(shown, [Problem("engine.name", f"{reason}; a matrix file named with --mla-matrix "
+                                                                 "must run (files found through mla_matrix_files "
+                                                                 "or a folder skip instead)")])
             loaded = LoadedMatrix(matrix, engine, reason, self.settings.assumed_version(matrix.engine_name))
             if engine is not None:
                 check_described(loaded, shown)
@@ -109,11 +117,25 @@ class MatrixRun:
             except EngineUnavailableError as exc:
                 self._engines[name] = exc
             except EngineNotFoundError as exc:
-                raise MatrixError(matrix.path, [Problem("engine.name", str(exc))]) from None
+                raise MatrixError(matrix.path, [Problem("engine.name", str(exc) + self._path_hint(name))]) from None
         engine = self._engines[name]
         if isinstance(engine, Exception):
             return None, str(engine)
         return engine, None
+
+    def _path_hint(self, name: str) -> str:
+        """Why a ``module:attr`` in the rootdir does not import: the ``pytest`` command (unlike
+        ``python -m pytest``) does not put the rootdir on ``sys.path``."""
+        import sys
+
+        module = name.partition(":")[0].split(".")[0]
+        root = self.config.rootpath
+        if ":" not in name or not module.isidentifier() or module in sys.modules:
+            return ""
+        if not ((root / f"{module}.py").is_file() or (root / module / "__init__.py").is_file()):
+            return ""
+        return (f" ({module} is in the rootdir {root}, which the pytest command does not put on sys.path: run "
+                "python -m pytest, or set pythonpath = . in the pytest ini)")
 
     # -- running one cell ----------------------------------------------------------------
     def run_cell(self, loaded: LoadedMatrix, cell: Cell, expect: Expectation) -> CellRecord:
@@ -187,7 +209,14 @@ class MatrixRun:
         from .kernels import harness  # torch and triton load here, not at plugin import
 
         seed = self.settings.seed if self.settings.seed is not None else matrix.seed
-        case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype, overrides=dict(spec.case))
+        try:
+            case = harness.case_for(cell.coords, model, seed=seed, dtype=matrix.kernel_dtype,
+                                    overrides=dict(spec.case))
+        except harness.CaseTooLarge as exc:
+            return not_run(str(exc))
+        except (ValueError, TypeError) as exc:  # coordinates no check can be built for (tp not dividing the heads)
+            return KernelResult(status=KERNEL_FAILED, where=where, crashed=True,
+                                message=f"cannot build a kernel check for this cell: {exc}")
         key = (case, spec, where, self.settings.dcp_mode)
         cached = self._kernel_results.get(key) or self._shared_result(key)
         if cached is not None:

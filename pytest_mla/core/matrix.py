@@ -30,6 +30,7 @@ from .rules import (
     Expectation, Predicate, Rule, decide, field_kind, known_fields, placeholders, _COMPARE,
 )
 from .spec import SpecError, parse_spec
+from .text import describe_char, first_invisible, regex_problem
 from .toml_lines import LineIndex
 
 TOP_KEYS = ("title", "engine", "axes", "models", "probes", "rule", "kernel")
@@ -133,6 +134,7 @@ class _Builder:
 
     # -- the whole file -------------------------------------------------------------
     def build(self, data: dict[str, Any], name: str) -> Matrix:
+        self.invisible_characters((), data)
         for key in data:
             if key not in TOP_KEYS:
                 self.problem((key,), f"unknown top-level key {key!r} (known: {', '.join(TOP_KEYS)})")
@@ -203,6 +205,27 @@ class _Builder:
             seed = 0
         return dtype, seed
 
+    def invisible_characters(self, path: tuple[Any, ...], value: Any) -> None:
+        """Characters a reader cannot see, in any key or string: a message copied from a web page
+        with a no-break space fails against the engine's text although both look the same."""
+        if isinstance(value, dict):
+            for key, item in value.items():
+                self.invisible_text(path + (key,), key, "key")
+                self.invisible_characters(path + (key,), item)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):  # tables of an array by index (rule[3]), values by their list
+                self.invisible_characters(path + (i,) if isinstance(item, dict) else path, item)
+        elif isinstance(value, str):
+            self.invisible_text(path, value, "value")
+
+    def invisible_text(self, path: tuple[Any, ...], text: str, what: str) -> None:
+        found = first_invisible(text, allow="\n\t" if what == "value" else "")
+        if found is not None:
+            index, ch = found
+            self.problem(path, f"{what} {text!r} has an invisible character, {describe_char(ch)}, at character "
+                               f"{index}: delete it (a copy-paste artefact?), or, if the engine really prints it, "
+                               f"match it with a regex escape such as \\u{ord(ch):04x}")
+
     # -- models -------------------------------------------------------------------
     def models(self, table: Any) -> dict[str, ModelConfig]:
         models = dict(BUILTIN_MODELS)
@@ -249,14 +272,18 @@ class _Builder:
                 self.problem(("axes", axis), f"axis {axis!r} must be a non-empty list, got {values!r}")
                 continue
             seen: set[Any] = set()
+            good = []
             for i, value in enumerate(values):
                 bad = self.axis_value_problem(axis, value, models)
                 if bad:
                     self.problem(("axes", axis), f"{bad} (item {i})")
-                elif value in seen:
+                    continue  # a list or a table is no value (and cannot be hashed)
+                if value in seen:
                     self.problem(("axes", axis), f"duplicate value {value!r}")
                 seen.add(value)
-            axes[axis] = tuple(values)
+                good.append(value)
+            if good:  # the rules are still checked against the values that are fine
+                axes[axis] = tuple(good)
         if any(axis not in axes for axis in REQUIRED_AXES):
             return None
         # Order matters: axes are ordered tuples in AXES order, never sets.
@@ -469,8 +496,12 @@ class _Builder:
             else:
                 try:
                     re.compile(match)
-                except re.error as exc:
+                except (re.error, OverflowError, RecursionError) as exc:
                     self.problem(at + ("match",), f"bad regex {match!r}: {exc}")
+                else:
+                    why = regex_problem(match)
+                    if why:
+                        self.problem(at + ("match",), why)
         return error, message, match
 
     # -- rules no cell can reach -------------------------------------------------------

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from .rules import Expectation
+from .text import describe_char, invisible, visible
 
 PASS, FAIL, ERROR, SKIP, XFAIL, XPASS = "pass", "fail", "error", "skip", "xfail", "xpass"
 VERDICTS = (PASS, FAIL, ERROR, SKIP, XFAIL, XPASS)
@@ -75,10 +76,21 @@ def judge(expect: Expectation, outcome: Outcome) -> tuple[str, str | None]:
 
 
 def describe_text_diff(expected: str, actual: str) -> str:
-    """Both texts, and a caret under the first character where they differ."""
+    """Both texts, and a caret under the first character where they differ.
+
+    Characters a reader cannot see are shown as escapes (``\\u00a0``), and where the first
+    difference is one that looks like another (a no-break space, a zero-width space, a
+    non-ASCII look-alike), both characters are named."""
     i = next((k for k, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
+    shown_e, shown_a = visible(expected[:i]), visible(actual[:i])
+    column = len(shown_e) if shown_e == shown_a else i
+    named = ""
+    pair = [text[i] if i < len(text) else "" for text in (expected, actual)]
+    if any(ch and (invisible(ch) or not ch.isascii()) for ch in pair):
+        e, a = (describe_char(ch) if ch else "the end of the text" for ch in pair)
+        named = f" (expected {e}, raised {a})"
     return (
-        f"  expected: {expected}\n"
-        f"  raised:   {actual}\n"
-        f"            {' ' * i}^ first difference at character {i}"
+        f"  expected: {visible(expected)}\n"
+        f"  raised:   {visible(actual)}\n"
+        f"            {' ' * column}^ first difference at character {i}{named}"
     )

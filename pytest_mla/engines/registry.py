@@ -14,6 +14,15 @@ BUILTIN_ENGINES = {
 }
 
 
+#: How to get a built-in adapter's engine into this environment.
+INSTALL_HINTS = {
+    "sglang": "pip install sglang (a CPU-only machine: see docs/engines.md for the pinned venv that "
+              "tools/conformance.sh builds)",
+    "vllm": "pip install vllm (a CPU-only machine: see docs/engines.md for the pinned venv that "
+            "tools/conformance.sh builds)",
+}
+
+
 class EngineNotFoundError(LookupError):
     """No adapter of that name: a mistake in the matrix file."""
 
@@ -38,7 +47,9 @@ def load_engine(name: str, extra: dict[str, Any] | None = None) -> Engine:
     except ImportError as exc:
         module_name = target.partition(":")[0]
         if name in BUILTIN_ENGINES:  # an optional engine (sglang, vllm) that is not installed here
-            raise EngineUnavailableError(f"engine {name!r} is not available here: {exc}") from exc
+            hint = INSTALL_HINTS.get(name)
+            raise EngineUnavailableError(f"engine {name!r} is not available here: {exc}"
+                                         + (f"; install it with: {hint}" if hint else "")) from exc
         # A module:attr the user wrote: a mistake to report, not an engine to skip.
         raise EngineNotFoundError(f"engine {name!r}: cannot import module {module_name!r}: "
                                   f"{type(exc).__name__}: {exc}") from None

@@ -12,7 +12,7 @@ import os
 
 __all__ = ["ensure_triton_mode", "is_interpreter"]
 
-_TRUE = ("1", "true", "yes", "on")
+_TRUE = ("1", "true", "yes", "y", "on")  # as Triton reads it (core.host.TRUE_WORDS)
 
 
 def is_interpreter() -> bool:

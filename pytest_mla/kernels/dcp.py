@@ -19,7 +19,8 @@ import torch
 from .inputs import DecodeInputs, gen_generator, gen_paged_cache, gen_poisoned_out
 from .reference import ref_gather
 
-__all__ = ["DcpShard", "dcp_owner", "gen_dcp_shards", "run_dcp", "run_shard", "run_shards"]
+__all__ = ["DcpShard", "dcp_owner", "describe_partial_nans", "gen_dcp_shards", "partial_nans", "run_dcp", "run_shard",
+           "run_shards"]
 
 Merge = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
 
@@ -106,13 +107,50 @@ def _default_merge() -> Merge:
 
 
 def run_shards(
-    kernel: Callable, shards: Sequence[DcpShard], *, pass_positions: bool = True, merge: Merge | None = None
+    kernel: Callable, shards: Sequence[DcpShard], *, pass_positions: bool = True, merge: Merge | None = None,
+    findings: list[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``kernel`` on every shard here and merge the partials by LSE (one shard: no merge)."""
+    """Run ``kernel`` on every shard here and merge the partials by LSE (one shard: no merge).
+
+    ``findings``, when given, gets a line for each rule of the partials the kernel broke
+    (``describe_partial_nans``): the merge would hide them.
+    """
     outs, lses = zip(*(run_shard(kernel, s, pass_positions=pass_positions) for s in shards))
     if len(shards) == 1:
         return outs[0], lses[0]
+    if findings is not None:
+        problem = describe_partial_nans(partial_nans(outs, lses), shards)
+        if problem:
+            findings.append(problem)
     return (merge or _default_merge())(list(outs), list(lses))
+
+
+def partial_nans(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[ranks, b, 2]`` bool: whether rank ``r``'s ``out`` / ``lse`` of request ``b`` holds a NaN."""
+    return torch.stack([torch.stack([torch.isnan(o).flatten(1).any(1).cpu(), torch.isnan(l).flatten(1).any(1).cpu()],
+                                    dim=1) for o, l in zip(outs, lses)])
+
+
+def describe_partial_nans(nans: torch.Tensor, shards: Sequence[DcpShard]) -> str | None:
+    """The first rank partial with a NaN, in words (None: there is none).
+
+    The rule (DESIGN, and ``mla_decode``'s contract): a rank with nothing to attend for a
+    query gives ``out = 0`` and ``lse = -inf``, never NaN. The harness's merge skips a
+    partial whose LSE is not above ``-inf``, so a NaN partial would vanish into a correct
+    merged result here; an engine's own merge may not skip it.
+    """
+    for rank, shard in enumerate(shards):
+        for b in range(nans.shape[1]):
+            out_nan, lse_nan = bool(nans[rank, b, 0]), bool(nans[rank, b, 1])
+            if not (out_nan or lse_nan):
+                continue
+            what = " and ".join(name for name, bad in (("out", out_nan), ("lse", lse_nan)) if bad)
+            local = int(shard.inputs.cache_seqlens[b])
+            held = "no tokens" if local == 0 else f"{local} of its tokens"
+            return (f"DCP rank {rank} of {len(shards)} returned NaN {what} for request {b}, which has {held} on "
+                    f"that rank: a rank with nothing to attend must give out 0 and lse -inf, never NaN (this "
+                    f"harness's merge skips such a partial; an engine's merge may not)")
+    return None
 
 
 def run_dcp(

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .dcp import DcpShard, gen_dcp_shards, run_shard
+from .dcp import DcpShard, describe_partial_nans, gen_dcp_shards, partial_nans, run_shard
 from .inputs import DecodeInputs
 
 __all__ = ["DcpRankError", "DcpTimeoutError", "run_distributed", "run_distributed_engine"]
@@ -103,8 +103,10 @@ def run_distributed(
     pass_positions: bool = True,
     merge: str | None = None,
     seed: int = 0,
+    findings: list[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run DCP over ``world`` processes; return the merged ``(out, lse)`` like ``dcp.run_dcp``.
+    """Run DCP over ``world`` processes; return the merged ``(out, lse)`` like ``dcp.run_dcp``
+    (``findings``: as ``dcp.run_shards``).
 
     ``kernel``: ``"module:attr"`` (or a module-level callable, turned into that
     string). ``merge``: ``"module:attr"`` of the merge function; default the
@@ -128,6 +130,10 @@ def run_distributed(
             extra += ["--local-positions"]
         _spawn_and_wait(world, workdir, extra, timeout_s)
         result = torch.load(os.path.join(workdir, "result.pt"), weights_only=False)
+        if findings is not None and result.get("partial_nans") is not None:
+            problem = describe_partial_nans(result["partial_nans"], shards)
+            if problem:
+                findings.append(problem)
         return result["out"].to(device), result["lse"].to(device)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -299,7 +305,7 @@ def _shard_rank(args: argparse.Namespace, kernel: Any, device: torch.device, ncc
     merged_out, merged_lse = merge([o.to(device, out.dtype) for o in outs], [x.to(device) for x in lses])
     if args.rank == 0:
         tmp = os.path.join(args.dir, "result.tmp")
-        torch.save({"out": merged_out.cpu(), "lse": merged_lse.cpu()}, tmp)
+        torch.save({"out": merged_out.cpu(), "lse": merged_lse.cpu(), "partial_nans": partial_nans(outs, lses)}, tmp)
         os.replace(tmp, os.path.join(args.dir, "result.pt"))
 
 

@@ -19,9 +19,18 @@ from ..core.kernelspec import DCP_MODES
 from ..core.models import ModelConfig
 from ..core.spec import parse_spec
 
-__all__ = ["DCP_MODES", "KernelCase", "case_for", "run_kernel_check"]
+__all__ = ["DCP_MODES", "CaseTooLarge", "KernelCase", "case_for", "run_kernel_check"]
 
 DEFAULT_PAGE_SIZE = 16
+#: The longest request a check builds: beyond it a check of a huge DCP size or page size would
+#: take hours and gigabytes to say nothing more (every rank holds tokens at far smaller sizes).
+MAX_CHECK_TOKENS = 65_536
+#: The most DCP ranks a check simulates.
+MAX_CHECK_RANKS = 256
+
+
+class CaseTooLarge(ValueError):
+    """A cell whose kernel check would be absurdly large (``not-run``, with this text as the reason)."""
 _KV_DTYPES = {"auto": "auto", "bf16": "auto", "fp16": "auto", "fp32": "auto", "fp8": "fp8_e4m3",
               "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
@@ -122,8 +131,13 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
         if key not in fields or key in ("batch", "seqlens"):
             raise ValueError(f"case override {key!r} is not a KernelCase field one may set")
         fields[key] = _KV_DTYPES.get(value, value) if key == "kv_dtype" else value
+    if fields["dcp"] > MAX_CHECK_RANKS:
+        raise CaseTooLarge(f"a kernel check simulates at most {MAX_CHECK_RANKS} DCP ranks, not {fields['dcp']}")
     fields["seqlens"] = tuple(max(n, min_seqlen) for n in _check_seqlens(
         fields["s_q"], fields["dcp"], fields["page_size"], fields["dcp_interleave"]))
+    if max(fields["seqlens"]) > MAX_CHECK_TOKENS:
+        raise CaseTooLarge(f"a kernel check for DCP {fields['dcp']} with page size {fields['page_size']} would "
+                           f"need {max(fields['seqlens']):,} tokens per request (at most {MAX_CHECK_TOKENS:,} here)")
     fields["batch"] = len(fields["seqlens"])
     return KernelCase(**fields, seed=_stable_seed(seed, {**fields, "seqlens": list(fields["seqlens"])}))
 
@@ -219,8 +233,10 @@ def run_kernel_check(
     shards run in this process (``dcp_mode="in-process"``) or as processes
     (``"distributed"``) and are merged by LSE (``merge``: default Triton
     ``merge_attention_states``). The result is compared with the float64
-    reference on the unsharded cache. ``where`` is only recorded. A kernel that
-    raises propagates (a crash is an ``error`` verdict, not a tolerance failure).
+    reference on the unsharded cache, and every rank's partial must be free of NaN
+    (an empty rank gives ``out = 0``, ``lse = -inf``: the merge would hide a NaN).
+    ``where`` is only recorded. A kernel that raises propagates (a crash is an
+    ``error`` verdict, not a tolerance failure).
     """
     if dcp_mode not in DCP_MODES:
         raise ValueError(f"unknown dcp_mode {dcp_mode!r} (known: {', '.join(DCP_MODES)})")
@@ -245,6 +261,7 @@ def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Call
 
     if where != "interpreter" and torch.cuda.is_available():
         inputs = inputs.to("cuda")
+    findings: list[str] = []  # rules of the rank partials the kernel broke (a merge would hide them)
 
     if dcp_mode == "distributed" and case.dcp > 1:
         from .distributed import run_distributed
@@ -252,7 +269,7 @@ def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Call
         merge_text = merge if isinstance(merge, str) or merge is None else f"{merge.__module__}:{merge.__qualname__}"
         start = time.perf_counter()
         out, lse = run_distributed(kernel, inputs, case.dcp, case.dcp_interleave, timeout_s=timeout_s,
-                                   merge=merge_text, seed=case.seed)
+                                   merge=merge_text, seed=case.seed, findings=findings)
         elapsed = time.perf_counter() - start
     else:
         kernel_fn = _import_kernel(kernel) if isinstance(kernel, str) else kernel
@@ -261,7 +278,7 @@ def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Call
         if inputs.q.is_cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        out, lse = run_shards(kernel_fn, shards, merge=merge_fn)
+        out, lse = run_shards(kernel_fn, shards, merge=merge_fn, findings=findings)
         if inputs.q.is_cuda:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -269,8 +286,8 @@ def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Call
     ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
     out_check = check_close("out", out, ref_out, tol.out)
     lse_check = check_close("lse", lse, ref_lse, tol.lse)
-    ok = out_check.ok and lse_check.ok
-    messages = [c.message for c in (out_check, lse_check) if c.message]
+    ok = out_check.ok and lse_check.ok and not findings
+    messages = findings + [c.message for c in (out_check, lse_check) if c.message]
     return {
         "status": "verified" if ok else "failed",
         "where": where,

@@ -26,17 +26,22 @@ page size, any other page size). A refusal whose twin was refused too is the
 plain configuration's refusal: the arch columns show it, the feature columns
 do not repeat it. Where no cell counts, every cell does.
 
-**Entries.** ✅ every counted cell accepted and its decode kernel verified
-wherever it ran; ☑️ accepted, kernel not run here; ❌ refused (the notes quote
-the engine; each refusal text is quoted once, in a note of its own, which
-other notes cite); ◐ accepted under a condition, which the note names ("not
-on sm80", "only with page size 64"), found from the cells: a few products of
-axis values that hold the refused cells and none of the accepted ones (or the
-other way round); ⚠️ a cell failed (mismatch with the matrix, kernel out of
-tolerance, crash) or is a known bug; ➖ not applicable (a ``skip`` rule, or
-skipped). The engine's own remarks on accepted cells (``notes``: "page size 1
-resolved to 64") become notes on the backend's name, each saying where it
-holds ("every accepted configuration", "with KV fp8_e5m2").
+**Entries.** The symbols are those of every view (``symbols.py``). ✅ every
+counted cell accepted and its decode kernel verified wherever it ran; 🧪
+accepted, and where it ran the engine's backend code ran around emulated
+kernels (never shown as ✅); ☑️ accepted, kernel not run here; ⛔ refused by
+the engine, as documented (the notes quote the engine; each refusal text is
+quoted once, in a note of its own, which other notes cite); ◐ accepted under
+a condition, which the note names ("not on sm80", "only with page size 64"),
+found from the cells: a few products of axis values that hold the refused
+cells and none of the accepted ones (or the other way round); ❌ a cell failed
+(mismatch with the matrix, kernel out of tolerance, crash); ⚠️ a known bug
+(xfail, xpass); ➖ not applicable (a ``skip`` rule, or skipped). The engine's
+own remarks on accepted cells (``notes``: "page size 1 resolved to 64")
+become notes on the backend's name, each saying where it holds ("every
+accepted configuration", "with KV fp8_e5m2"). "verified on" counts real
+and emulated kernels apart, and says ``not run here: needs a GPU`` where no
+kernel ran.
 
 Probe cells (``run.probes``) are left out of every entry and listed in an
 "Input validation" section: each probe value with the engine's answers.
@@ -50,6 +55,7 @@ import dataclasses
 import functools
 import itertools
 import operator
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 from ..core.cells import AXES
@@ -58,19 +64,14 @@ from ..core.spec import SpecError, parse_spec
 from ..core.verdicts import ACCEPTED, KERNEL_FAILED, VERIFIED
 from .model import (
     BAD, MISSING, REJECTED, SKIPPED, XFAIL, Notes, ReportModel, cell_state, format_value, one_line, reason_line,
-    rejection_text,
+    rejection_text, verified_state,
 )
+from .symbols import EMULATED, PARTIAL, SYMBOLS, legend
 
-# Entry symbols of this view (the grid's ⛔ is ❌ here: a refusal is the answer "no").
-SYMBOL = {VERIFIED: "✅", ACCEPTED: "☑️", REJECTED: "❌", "partial": "◐", "bug": "⚠️", SKIPPED: "➖", MISSING: "·"}
-LEGEND = (
-    (VERIFIED, "accepted; decode kernel verified wherever it ran"),
-    (ACCEPTED, "accepted; kernel not run here"),
-    (REJECTED, "refused by the engine (the note quotes it)"),
-    ("partial", "accepted only under the condition the note names"),
-    ("bug", "a cell failed its check or is a known bug (the note says which)"),
-    (SKIPPED, "not applicable"),
-)
+# Entry states and symbols: those of every view (``symbols.py``); a refusal is ⛔, never the ❌ of a failure.
+SYMBOL = {state: symbol.emoji for state, symbol in SYMBOLS.items()}
+#: The entry states a legend of this view lists (the words are those of every view).
+LEGEND = tuple(legend((VERIFIED, EMULATED, ACCEPTED, REJECTED, PARTIAL, XFAIL, BAD, SKIPPED)))
 
 #: The axes a column's test reads.
 _SELECT_AXES = ("arch", "spec", "dcp", "kv_dtype", "page_size")
@@ -315,7 +316,7 @@ class _Twins:
 def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
          plain: Mapping[str, Any], notes: Notes) -> Row:
     twins = _Twins(list(model.axes), cells)
-    accepted = [c for c in cells if model.state(c) in (VERIFIED, ACCEPTED)]
+    accepted = [c for c in cells if model.state(c) in (VERIFIED, EMULATED, ACCEPTED)]
     row_refs = tuple(_engine_note_refs(model, accepted, notes))  # numbered first: the name comes first
     # Columns select by a few axes: test each distinct combination of them once, then sort
     # the cells into their columns in one pass (a cell is in one to three columns).
@@ -383,21 +384,23 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
     space = _Space(model, counted)
     states = [all_states[id(c)] for c in counted]
     bugs = [c for c, s in zip(counted, states) if s in (BAD, XFAIL)]
-    if bugs:
-        return Entry("bug", tuple(_grouped_notes(space, bugs, counted, _bug_text, notes)))
-    ok = [c for c, s in zip(counted, states) if s in (VERIFIED, ACCEPTED)]
+    if bugs:  # a failure outranks a known bug; the notes say which cell is which
+        worst = BAD if any(all_states[id(c)] == BAD for c in bugs) else XFAIL
+        return Entry(worst, tuple(_grouped_notes(space, bugs, counted, _bug_text, notes)))
+    ok = [c for c, s in zip(counted, states) if s in (VERIFIED, EMULATED, ACCEPTED)]
     refused = [c for c, s in zip(counted, states) if s == REJECTED]
     na = [c for c, s in zip(counted, states) if s == SKIPPED]
     refs: list[int] = []
     if not ok and not refused:
         return Entry(SKIPPED, tuple(_grouped_notes(space, na, counted, _na_text, notes)))
-    if ok and not refused:
-        state = VERIFIED if any(_kernel_verified(c) for c in ok) else ACCEPTED
+    if ok and not refused:  # the strongest promise any counted cell keeps: a real kernel, then emulated ones
+        kinds = {all_states[id(c)] for c in ok}
+        state = VERIFIED if VERIFIED in kinds else EMULATED if EMULATED in kinds else ACCEPTED
     elif refused and not ok:
         state = REJECTED
         refs += _refusal_refs(space, refused, notes)
     else:
-        state = "partial"
+        state = PARTIAL
         refs.append(_condition_note(space, ok, refused, notes))
     if na:
         refs += _grouped_notes(space, na, counted, _na_text, notes)
@@ -494,39 +497,63 @@ def _kernel_runs(cell: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [kernel] if isinstance(kernel, dict) else []
 
 
-def _kernel_verified(cell: Mapping[str, Any]) -> bool:
-    return any(r.get("status") == VERIFIED for r in _kernel_runs(cell))
-
-
 def _verified_on(cells: Sequence[Mapping[str, Any]], notes: Notes) -> tuple[str, tuple[int, ...]]:
-    """``interpreter · 12 of 36``: where kernels were verified, in how many accepted configurations."""
+    """``interpreter · 12 of 36``: where kernels were verified, in how many accepted configurations;
+    ``· 4 with emulated kernels`` where the engine's code ran around emulated ones; ``not run here:
+    needs a GPU`` where none ran (never "0 of 72", which reads like 72 failures)."""
     accepted = [c for c in cells if (c.get("outcome") or {}).get("kind") == ACCEPTED]
     if not accepted:
         return "—", ()
     wheres: list[str] = []
     how: list[str] = []
-    verified = failed = 0
+    verified = emulated = failed = 0
+    reasons: list[str] = []
     for c in accepted:
         runs = _kernel_runs(c)
         if any(r.get("status") == KERNEL_FAILED for r in runs):
             failed += 1
         good = [r for r in runs if r.get("status") == VERIFIED]
         if good:
-            verified += 1
+            if verified_state(c) == EMULATED:
+                emulated += 1
+            else:
+                verified += 1
+        else:
+            reasons += [str(r["reason"]) for r in runs if r.get("status") == "not-run" and r.get("reason")]
         for r in good:
             if r.get("where"):
                 wheres.append(str(r["where"]))
             if r.get("function") or r.get("level"):
                 level = f" at the {r['level']} level" if r.get("level") else ""
                 how.append(f"{r.get('function') or 'the decode kernel'}{level}")
-    places = sorted(set(wheres), key=lambda w: (w != "interpreter", _arch_order(w), w))
-    text = (f"{', '.join(places)} · " if places else "") + f"{verified} of {len(accepted)}"
-    if failed:
-        text += f" · {failed} failed"
     refs: tuple[int, ...] = ()
     if how:
         refs = (notes.ref("verified through " + "; ".join(dict.fromkeys(how))),)
+    if not (verified or emulated or failed):
+        return _not_run_text(reasons, notes)
+    places = sorted(set(wheres), key=lambda w: (w != "interpreter", _arch_order(w), w))
+    counted = [f"{verified} of {len(accepted)}"] if verified else []
+    if emulated:  # a weaker promise, counted apart: the engine's code ran, its kernels were emulated
+        counted.append(f"{emulated}{'' if verified else f' of {len(accepted)}'} with emulated kernels")
+    text = " · ".join(([", ".join(places)] if places else []) + (counted or [f"0 of {len(accepted)}"]))
+    if failed:
+        text += f" · {failed} failed"
     return text, refs
+
+
+def _not_run_text(reasons: Sequence[str], notes: Notes) -> tuple[str, tuple[int, ...]]:
+    """``not run here: needs a GPU``, or ``not run here`` citing a note with the reasons."""
+    distinct = list(dict.fromkeys(one_line(r) for r in reasons))
+    if distinct and all(_NEEDS_GPU.search(r) for r in distinct):
+        return "not run here: needs a GPU", ()
+    if not distinct:
+        return "not run here", ()
+    shown = "; ".join(distinct[:3]) + (f"; and {len(distinct) - 3} more reasons" if len(distinct) > 3 else "")
+    return "not run here", (notes.ref(f"kernel not run here: {shown}"),)
+
+
+#: A not-run reason that says the kernel needs a GPU this host does not have.
+_NEEDS_GPU = re.compile(r"\bGPU\b.*\bthis host (has no GPU|has none|is cpu|is interpreter)|needs an? \w+ GPU")
 
 
 def _arch_order(where: str) -> int:
@@ -557,10 +584,10 @@ def _answer(cell: Mapping[str, Any]) -> tuple[str, str]:
     state = cell_state(cell)
     if state == REJECTED:
         return REJECTED, rejection_text(cell)
-    if state in (VERIFIED, ACCEPTED):
+    if state in (VERIFIED, EMULATED, ACCEPTED):
         return state, "accepted"
     if state in (BAD, XFAIL):
-        return "bug", _bug_text(cell)
+        return state, _bug_text(cell)
     return SKIPPED, _na_text(cell)
 
 

@@ -9,7 +9,13 @@ kind:
 - ``changed``: both good but the cell means something else now (accepted ↔
   rejected, another error or message, another state such as verified →
   not-run, pass ↔ xfail);
-- ``new`` / ``gone``: only in the new / only in the old document.
+- ``new`` / ``gone``: only in the new / only in the old document;
+- ``unreported``: only in the old document, when the new one is incomplete
+  (``run.complete`` false: an interrupted run, a shard, a selection): the
+  cell did not run, which says nothing about whether it is gone.
+
+An interrupted new run (``run.interrupted``) fails the gate like a
+regression: a nightly whose run died must not pass it (``Diff.gate_fails``).
 
 ``Diff.markdown()`` is a PR comment; ``Diff.text()`` is for a terminal.
 """
@@ -47,22 +53,44 @@ class Diff:
     new: list[Change]
     gone: list[Change]
     unchanged: int
+    unreported: list[Change] = dataclasses.field(default_factory=list)
+    old_incomplete: str | None = None  # why the old document is incomplete ("interrupted: 38 of 76 cells")
+    new_incomplete: str | None = None
+    new_interrupted: bool = False
 
     @property
     def has_regressions(self) -> bool:
         return bool(self.regressions)
 
+    @property
+    def gate_fails(self) -> bool:
+        """Regressions, or a new run that was interrupted (its missing cells could be anything)."""
+        return self.has_regressions or self.new_interrupted
+
+    def warnings(self) -> list[str]:
+        """One line per incomplete side, saying what it means for the comparison."""
+        out = []
+        if self.new_incomplete:
+            verdict = ("the gate fails: a run that did not finish cannot pass it" if self.new_interrupted
+                       else "its other cells are not compared")
+            out.append(f"{self.new_name} is incomplete ({self.new_incomplete}): {verdict}")
+        if self.old_incomplete:
+            out.append(f"{self.old_name} is incomplete ({self.old_incomplete}): cells it lacks show as new")
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def summary_line(self) -> str:
+        unreported = f", {len(self.unreported)} not reported" if self.unreported else ""
         return (f"{len(self.regressions)} regression(s), {len(self.fixes)} fix(es), {len(self.changed)} changed, "
-                f"{len(self.new)} new, {len(self.gone)} gone, {self.unchanged} unchanged")
+                f"{len(self.new)} new, {len(self.gone)} gone{unreported}, {self.unchanged} unchanged")
 
     def text(self, limit: int = 50) -> str:
         lines = [f"{self.old_name} → {self.new_name}: {self.summary_line()}"]
+        lines += [f"  INCOMPLETE {w}" for w in self.warnings()]
         for title, items in (("REGRESSION", self.regressions), ("FIX", self.fixes), ("CHANGED", self.changed),
-                             ("NEW", self.new), ("GONE", self.gone)):
+                             ("NEW", self.new), ("GONE", self.gone), ("UNREPORTED", self.unreported)):
             for c in items[:limit]:
                 arrow = f"{c.old or '—'} → {c.new or '—'}"
                 why = f": {c.reason}" if c.reason else ""
@@ -72,11 +100,13 @@ class Diff:
         return "\n".join(lines)
 
     def markdown(self, limit: int = 200) -> str:
-        head = "❌" if self.regressions else "✅"
+        head = "❌" if self.gate_fails else "✅"
         lines = [f"### {head} pytest-mla: {md_text(self.summary_line())}", "",
                  f"`{_code(self.old_name)}` → `{_code(self.new_name)}`", ""]
+        lines += [f"> ⚠️ {md_text(w)}" for w in self.warnings()] + ([""] if self.warnings() else [])
         for title, items in (("Regressions", self.regressions), ("Fixes", self.fixes), ("Changed", self.changed),
-                             ("New cells", self.new), ("Gone cells", self.gone)):
+                             ("New cells", self.new), ("Gone cells", self.gone),
+                             ("Not reported (the new run is incomplete)", self.unreported)):
             if not items:
                 continue
             lines += [f"#### {title} ({len(items)})", "", "| cell | before | after | why |", "|---|---|---|---|"]
@@ -125,10 +155,25 @@ def diff_documents(old: Mapping[str, Any], new: Mapping[str, Any], *, old_name: 
             out.changed.append(Change(cid, "changed", before, after, _why(n) if nv in BAD_VERDICTS else None))
         else:
             out.unchanged += 1
+    out.old_incomplete, out.new_incomplete = incompleteness(old), incompleteness(new)
+    out.new_interrupted = bool((new.get("run") or {}).get("interrupted"))
     for cid, o in old_cells.items():
         if cid not in new_cells:
-            out.gone.append(Change(cid, "gone", describe_cell(o), None))
+            if out.new_incomplete:
+                out.unreported.append(Change(cid, "unreported", describe_cell(o), None))
+            else:
+                out.gone.append(Change(cid, "gone", describe_cell(o), None))
     return out
+
+
+def incompleteness(document: Mapping[str, Any]) -> str | None:
+    """Why a result document does not hold every cell of its matrix (None: it does)."""
+    run = document.get("run") or {}
+    total, reported = run.get("cells_total"), run.get("cells_reported", len(document.get("cells") or []))
+    if run.get("complete", True) and not run.get("interrupted"):
+        return None
+    counts = f"{reported} of {total} cells reported" if total is not None else f"{reported} cells reported"
+    return f"interrupted: {counts}" if run.get("interrupted") else counts
 
 
 def _why(record: Mapping[str, Any]) -> str | None:

@@ -32,20 +32,18 @@ from importlib import resources
 from typing import Any, Mapping
 
 from ..core.records import kernel_of
+from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .markdown import VIEWS, render_command
-from .model import LEGEND, PARTIAL, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
+from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
+from .symbols import PARTIAL, SYMBOLS
 
 
-#: Chip glyphs: plain text symbols every font has (the page must not depend on an emoji font);
-#: colour carries the same meaning as the Markdown legend's emoji.
-GLYPHS = {"verified": "✔", "accepted": "✓", "rejected": "⊘", "xfail": "!", "skipped": "–", "bad": "✗"}
-
-
-#: Glyphs of the backends view's entries (same meaning as its Markdown emoji).
-ENTRY_GLYPHS = {"verified": "✔", "accepted": "✓", "rejected": "✗", "partial": "◐", "bug": "!", "skipped": "–",
-                "missing": "·"}
+#: Chip and entry glyphs: the plain-text glyphs of ``symbols.py`` (the page must not depend on an
+#: emoji font); colour carries the same meaning as the emoji of the Markdown views.
+GLYPHS = {state: symbol.glyph for state, symbol in SYMBOLS.items()}
+ENTRY_GLYPHS = GLYPHS
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,8 +53,9 @@ def static_text(name: str) -> str:
 
 
 def esc(value: Any) -> str:
-    """The one escaping helper for HTML text and (quoted) attribute values."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """The one escaping helper for HTML text and (quoted) attribute values; characters a reader
+    cannot see are written as escapes (``\\u200b``)."""
+    return html.escape(visible(value), quote=True)
 
 
 _SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
@@ -109,7 +108,8 @@ def describe_kernel(k: Mapping[str, Any] | None, host: str | None = None) -> str
     status = k.get("status")
     if status == "not-run":
         return f"{prefix}not run: {k.get('reason') or 'no reason given'}"
-    head = f"{prefix}{status} on {k.get('where') or '?'}"
+    emulated = status == "verified" and k.get("level") == "emulated"
+    head = f"{prefix}{'verified with emulated kernels' if emulated else status} on {k.get('where') or '?'}"
     extra = [f"kernel {k['kernel']}" if k.get("kernel") else None,
              f"{k['time_s']} s" if k.get("time_s") is not None else None,
              f"seed {k['seed']}" if k.get("seed") is not None else None,
@@ -141,7 +141,7 @@ def build_data(model: ReportModel) -> dict[str, Any]:
     index: dict[str, int] = {}
 
     def s(text: Any) -> int:
-        text = "" if text is None else str(text)
+        text = visible(text)
         if text not in index:
             index[text] = len(strings)
             strings.append(text)

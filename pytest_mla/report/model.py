@@ -7,14 +7,10 @@ the records that differ only in hidden axes. ``ReportModel.tables`` does the
 folding; ``summarise`` turns one group of records into a symbol, a count and
 the notes that explain it. Pure Python: no torch, no I/O.
 
-States of one record (``cell_state``), in the words of the legend:
-
-    verified  ✅  accepted, decode kernel verified within tolerance
-    accepted  ☑️  accepted, kernel not run here (no GPU of that arch, checks off)
-    rejected  ⛔  rejected with the documented error
-    xfail     ⚠️  known bug (xfail), or a known bug that now passes (xpass)
-    skipped   ➖  skipped (engine missing, version not described)
-    bad       ❌  wrong answer: mismatch, wrong message, kernel out of tolerance, crash
+States of one record (``cell_state``) and their symbols are those of
+``symbols.py``, the one set every view uses: verified ✅, emulated 🧪,
+accepted ☑️, rejected ⛔, xfail ⚠️, skipped ➖, bad ❌ (and ◐ for a group
+accepted only in part).
 """
 
 from __future__ import annotations
@@ -26,27 +22,21 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..core.cells import AXES, format_part
 from ..core.models import BUILTIN_MODELS
 from ..core.records import kernel_of
-from ..core.verdicts import (
-    ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, REJECTED, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS,
-)
+from ..core.text import visible
+from ..core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, REJECTED, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS
+from .symbols import BAD, CELL_STATES, EMULATED, MISSING, SKIPPED
+from .symbols import PARTIAL as PARTIAL_STATE
+from .symbols import SYMBOLS as _SYMBOLS
+from .symbols import legend
 
-# Legend states. Four are the words of ``core/verdicts.py``: ``verified`` (kernel
-# status), ``accepted`` / ``rejected`` (outcome kinds), ``xfail`` (verdict); the
-# other three exist only in reports.
-SKIPPED, BAD, MISSING = "skipped", "bad", "missing"
-STATES = (VERIFIED, ACCEPTED, REJECTED, XFAIL, SKIPPED, BAD)
-SYMBOLS = {VERIFIED: "✅", ACCEPTED: "☑️", REJECTED: "⛔", XFAIL: "⚠️", SKIPPED: "➖", BAD: "❌", MISSING: "·"}
-PARTIAL = "◐"
-LEGEND = (
-    (VERIFIED, "accepted; decode kernel verified against the float64 reference"),
-    (ACCEPTED, "accepted; kernel not run here"),
-    (REJECTED, "rejected with the documented error"),
-    (PARTIAL, "k/n: accepted in k of the n summarised cells; the note names the exceptions"),
-    (XFAIL, "known bug (xfail / xpass)"),
-    (SKIPPED, "skipped"),
-    (BAD, "mismatch with the matrix, kernel out of tolerance, or crash"),
-)
-ACCEPTED_STATES = (VERIFIED, ACCEPTED)
+# Legend states (``symbols.py``). Four are the words of ``core/verdicts.py``: ``verified`` (kernel
+# status), ``accepted`` / ``rejected`` (outcome kinds), ``xfail`` (verdict); the others exist only in reports.
+STATES = CELL_STATES
+#: state → its emoji, for the Markdown and terminal views.
+SYMBOLS = {state: symbol.emoji for state, symbol in _SYMBOLS.items()}
+PARTIAL = _SYMBOLS[PARTIAL_STATE].emoji
+LEGEND = tuple(legend((VERIFIED, EMULATED, ACCEPTED, REJECTED, PARTIAL_STATE, XFAIL, SKIPPED, BAD)))
+ACCEPTED_STATES = (VERIFIED, EMULATED, ACCEPTED)
 #: Verdicts that count as good / bad when comparing runs.
 GOOD_VERDICTS = (PASS, XFAIL)
 BAD_VERDICTS = (FAIL, ERROR)
@@ -66,10 +56,30 @@ def cell_state(record: Mapping[str, Any]) -> str:
         return REJECTED
     status = kernel_of(record).get("status")
     if status == VERIFIED:
-        return VERIFIED
+        return verified_state(record)
     if status == KERNEL_FAILED:
         return BAD
     return ACCEPTED
+
+
+#: ``kernel.level`` of a check that ran the engine's backend code around emulated kernels.
+EMULATED_LEVEL = "emulated"
+
+
+def verified_state(record: Mapping[str, Any]) -> str:
+    """``verified`` when a real kernel ran (on any host of a merge), ``emulated`` when every verified
+    run emulated the kernels: the two promises differ and are never shown as one."""
+    runs = record.get("kernel_runs") or [kernel_of(record)]
+    levels = [r.get("level") for r in runs if isinstance(r, Mapping) and r.get("status") == VERIFIED]
+    return EMULATED if levels and all(level == EMULATED_LEVEL for level in levels) else VERIFIED
+
+
+def kernel_counts_text(counts: Mapping[str, int], reused: int | None = None) -> str:
+    """``3 verified on a kernel, 2 with emulated kernels, 0 failed, 4 not run``: one wording in
+    every view (``counts`` by kernel status, ``emulated`` split off as ``ReportModel.kernel_counts`` does)."""
+    again = f" ({reused} reused)" if reused is not None else ""
+    return (f"{counts.get(VERIFIED, 0)} verified on a kernel{again}, {counts.get(EMULATED, 0)} with emulated kernels, "
+            f"{counts.get(KERNEL_FAILED, 0)} failed, {counts.get('not-run', 0)} not run")
 
 
 def verdict_counts(counts: Mapping[str, int]) -> list[str]:
@@ -85,8 +95,8 @@ def first_line(text: Any) -> str:
 
 
 def one_line(text: Any) -> str:
-    """A message on one line (engine messages may wrap)."""
-    return " ".join(str(text).split()) if text else ""
+    """A message on one line (engine messages may wrap), invisible characters as escapes."""
+    return visible(" ".join(str(text).split())) if text else ""
 
 
 def rejection_text(record: Mapping[str, Any]) -> str:
@@ -107,7 +117,7 @@ def reason_line(text: Any) -> str:
     if not text:
         return ""
     parts = []
-    for line in str(text).splitlines():
+    for line in visible(text).splitlines():
         line = " ".join(line.split())
         if line.startswith("^"):
             line = "(" + line.lstrip("^ ").strip() + ")"
@@ -149,13 +159,14 @@ class Notes:
     its text), which the HTML page turns into links.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, first: int = 1) -> None:
+        self.first = first  # the number of the first note: a second list in one document goes on from the first
         self.numbers: dict[str, int] = {}
         self.links: dict[int, tuple[int, ...]] = {}
 
     def ref(self, text: str, links: Sequence[int] = ()) -> int:
         if text not in self.numbers:
-            self.numbers[text] = len(self.numbers) + 1
+            self.numbers[text] = len(self.numbers) + self.first
             if links:
                 self.links[self.numbers[text]] = tuple(links)
         return self.numbers[text]
@@ -345,7 +356,7 @@ class ReportModel:
         states = Counter()
         for (state, _), ts in parts.items():
             states[state] += len(ts)
-        accepted = states[VERIFIED] + states[ACCEPTED]
+        accepted = sum(states[s] for s in ACCEPTED_STATES)
         total = len(records)
         if len(parts) == 1:
             ((state, text),) = parts
@@ -371,9 +382,10 @@ class ReportModel:
         if accepted and accepted < total:
             note = "; ".join(parts_where(lambda s: s not in ACCEPTED_STATES))
             return Summary("partial", PARTIAL, accepted, total, [notes.ref(note)], list(records))
-        if accepted == total:  # verified and not-run mixed
-            note = "; ".join(parts_where(lambda s: s == VERIFIED))
-            return Summary(ACCEPTED, SYMBOLS[ACCEPTED], accepted, total, [notes.ref(note)], list(records))
+        if accepted == total:  # verified, emulated and not-run mixed: the weakest shows, the note names the rest
+            weakest = ACCEPTED if states[ACCEPTED] else EMULATED
+            note = "; ".join(parts_where(lambda s: s != weakest))
+            return Summary(weakest, SYMBOLS[weakest], accepted, total, [notes.ref(note)], list(records))
         top = max(states, key=lambda s: (states[s], -STATES.index(s)))
         note = "; ".join(parts_where(lambda s: True))
         return Summary(top, SYMBOLS[top], accepted, total, [notes.ref(note)], list(records))
@@ -383,7 +395,14 @@ class ReportModel:
         return Counter(c.get("verdict") for c in self.cells)
 
     def kernel_counts(self) -> Counter:
-        return Counter(kernel_of(c).get("status") for c in self.cells if c.get("kernel"))
+        """Kernel statuses of the cells that have one; ``verified`` split off as ``emulated`` where
+        every verified run emulated the kernels (``verified_state``)."""
+        counts: Counter = Counter()
+        for c in self.cells:
+            if c.get("kernel"):
+                status = kernel_of(c).get("status")
+                counts[verified_state(c) if status == VERIFIED else status] += 1
+        return counts
 
     def kernel_wheres(self) -> list[str]:
         wheres: set[str] = set()

@@ -11,8 +11,9 @@ from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.records import CellRecord, kernel_of
-from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, VERIFIED
-from .model import reason_line, verdict_counts
+from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, VERIFIED
+from .model import kernel_counts_text, reason_line, verdict_counts, verified_state
+from .symbols import EMULATED
 
 __all__ = ["build_summary", "worst_kernel_errors"]
 
@@ -24,18 +25,24 @@ LIST_LIMIT = 20
 
 def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str, Any]], *, verbosity: int,
                   baseline: str | None, regressions: Sequence[tuple[str, Any]],
-                  written: Sequence[str]) -> list[Line]:
+                  written: Sequence[str], interrupted: bool = False) -> list[Line]:
     """The lines under ``== mla matrix ==`` (empty when no cell ran)."""
     if not records:
         return []
+    documents = list(documents)
     lines: list[Line] = []
     counts = Counter(r["verdict"] for r in records)
-    kernels = Counter(kernel_of(r).get("status") for r in records)
+    kernels = Counter(verified_state(r) if kernel_of(r).get("status") == VERIFIED else kernel_of(r).get("status")
+                      for r in records)
     lines.append((f"{len(records)} cells: " + ", ".join(verdict_counts(counts)), {}))
-    if kernels.get(VERIFIED) or kernels.get(KERNEL_FAILED):
+    if interrupted:
+        total = sum(int((d.get("run") or {}).get("cells_total") or 0) for d in documents)
+        of = f" of {total}" if total else ""
+        lines.append((f"INTERRUPTED after {len(records)}{of} cells: the report is incomplete "
+                      f"(run.complete false, run.interrupted true)", {"red": True, "bold": True}))
+    if kernels.get(VERIFIED) or kernels.get(EMULATED) or kernels.get(KERNEL_FAILED):
         reused = sum(1 for r in records if kernel_of(r).get("reused"))
-        lines.append((f"kernels: {kernels.get(VERIFIED, 0)} verified ({reused} reused), "
-                      f"{kernels.get(KERNEL_FAILED, 0)} failed, {kernels.get(NOT_RUN, 0)} not run", {}))
+        lines.append((f"kernels: {kernel_counts_text(kernels, reused)}", {}))
         worst = worst_kernel_errors(records)
         if worst:
             lines.append(("  worst of the verified: " + worst, {}))
@@ -46,7 +53,7 @@ def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str
         lines.append((f"  {r['verdict'].upper():5} {r['id']}: {reason_line(r.get('reason'))}", {}))
     if limit is not None and len(bad) > limit:
         lines.append((f"  ... and {len(bad) - limit} more (-v lists all)", {}))
-    if verbosity >= 0:
+    if verbosity >= -1:  # -q (make matrix) keeps the sketch: it is the run's answer; -qq drops it
         from .terminal import render_terminal
 
         texts = [render_terminal(doc) for doc in documents if doc["cells"]]

@@ -2,8 +2,8 @@
 
 View ``grid`` (the default): a few lines per matrix: one count line, then
 backends as rows and GPU archs as columns, each cell summarising every other
-axis with the symbols of the Markdown legend (``◐ k/n``: accepted in k of n
-cells); probe values are left out (the Markdown lists them). View
+axis with the symbols every view uses (``symbols.py``; ``◐ k/n``: accepted in k
+of n cells); probe values are left out (the Markdown lists them). View
 ``backends``: the backends view (``backends.py``) as plain text, with its notes.
 """
 
@@ -13,11 +13,14 @@ import unicodedata
 from typing import Any, Mapping
 
 from .backends import BackendsView, build_backends_view
-from .model import (
-    ACCEPTED, BAD, KERNEL_FAILED, REJECTED, SYMBOLS, VERIFIED, XFAIL, Notes, ReportModel, format_key, verdict_counts,
-)
+from .model import KERNEL_FAILED, Notes, ReportModel, format_key, kernel_counts_text, verdict_counts
+from .symbols import ACCEPTED, BAD, EMULATED, PARTIAL, REJECTED, VERIFIED, XFAIL, emoji
 
 VIEWS = ("grid", "backends", "all")
+#: The legend under the sketch: the symbols of ``symbols.py`` in a word each.
+TERMINAL_LEGEND = " ".join(f"{emoji(s)} {word}" for s, word in (
+    (VERIFIED, "verified"), (EMULATED, "emulated kernels"), (ACCEPTED, "accepted, not run"), (REJECTED, "refused"),
+    (XFAIL, "known bug"), (BAD, "failure"))) + f"; {emoji(PARTIAL)} k/n accepted in k of n"
 
 
 def display_width(text: str) -> int:
@@ -57,8 +60,8 @@ def _head(model: ReportModel) -> str:
     parts = verdict_counts(model.counts())
     kernels = model.kernel_counts()
     head = f"{run.get('matrix') or 'matrix'}: {len(model.cells)} cells, " + ", ".join(parts or ["none"])
-    if kernels.get(VERIFIED) or kernels.get(KERNEL_FAILED):
-        head += f"; kernels {kernels.get(VERIFIED, 0)} verified, {kernels.get(KERNEL_FAILED, 0)} failed"
+    if kernels.get(VERIFIED) or kernels.get(EMULATED) or kernels.get(KERNEL_FAILED):
+        head += f"; kernels {kernel_counts_text(kernels)}"
     return head
 
 
@@ -113,10 +116,9 @@ def _grid(model: ReportModel, width: int) -> str:
     for rk, row in zip(table.row_keys, grid):
         lines.append((_pad(format_key(r_axes, rk), label_w)
                       + "".join(_pad(c, w) for c, w in zip(row[:shown], col_w))).rstrip())
-    legend = " ".join(f"{SYMBOLS[s]} {s}" for s in (VERIFIED, ACCEPTED, REJECTED, XFAIL, BAD))
     probes = "; probes left out: " + ", ".join(f"{a} {', '.join(str(v) for v in vals)}"
                                               for a, vals in model.probes.items()) if model.probes else ""
-    lines.append(f"({legend}; ◐ k/n accepted in k of n; over {', '.join(hidden) or 'nothing'}{probes})")
+    lines.append(f"({TERMINAL_LEGEND}; over {', '.join(hidden) or 'nothing'}{probes})")
     return "\n".join(lines)
 
 

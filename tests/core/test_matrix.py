@@ -319,3 +319,77 @@ def test_inconsistent_rope_scaling_and_quantization_name_file_line_and_field(tmp
         f"matrix/m.toml:{line_of(path, 'quant_method')}: models.odd-quant.quantization.quant_method: "
         "unknown quantization method 'int3' (known: fp8, modelopt, modelopt_fp4, compressed-tensors, w8a8_fp8)",
     ]
+
+
+# -- hostile values: every one a problem with its line, never a crash ------------------------
+
+@pytest.mark.parametrize("value", ['[["x"]]', '[{ name = "x" }]', '["triton", ["fa3"]]', '[{}]'])
+def test_an_axis_value_that_is_a_list_or_a_table_is_a_problem_not_a_crash(tmp_path, value):
+    axes = AXES.replace('backend = ["triton", "trtllm_mla", "fa3"]', f"backend = {value}")
+    path = write(tmp_path, "", axes=axes)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, "backend =")
+    assert any(p.startswith(f"matrix/m.toml:{line}: axes.backend: backend values must be non-empty strings, got ")
+               for p in str(info.value).splitlines()), str(info.value)
+
+
+@pytest.mark.parametrize("field, text, char", [
+    ("message", "flashmla serves MLA\\u00a0models only", "U+00A0 NO-BREAK SPACE"),
+    ("message", "\\u200bflashmla", "U+200B ZERO WIDTH SPACE"),
+    ("match", "^flash\\u202emla", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+    ("error", "Value\\u200dError", "U+200D ZERO WIDTH JOINER"),
+])
+def test_invisible_characters_in_a_rule_are_named_with_their_line(tmp_path, field, text, char):
+    other = 'message = "x"' if field == "error" else ""
+    reject = (f'error = "{text}", {other}' if field == "error" else f'error = "ValueError", {field} = "{text}"')
+    path = write(tmp_path, f"""
+        [[rule]]
+        when = {{ backend = "fa3" }}
+        reject = {{ {reject} }}
+    """)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, "reject =")
+    problem = next(p for p in str(info.value).splitlines() if "invisible" in p)
+    assert problem.startswith(f"matrix/m.toml:{line}: rule[0].reject.{field}: value ")
+    assert f"has an invisible character, {char}, at character" in problem
+
+
+def test_an_invisible_character_in_an_axis_value_is_named(tmp_path):
+    axes = AXES.replace('"fa3"]', '"fa3\\u200b"]')
+    lines = problems(tmp_path, "", axes=axes)
+    assert any("axes.backend: value 'fa3\\u200b' has an invisible character, U+200B ZERO WIDTH SPACE, at "
+               "character 3" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("regex, says", [
+    ("", "matches every message"),
+    (".*", "matches every message"),
+    ("(?x) ", "matches every message"),
+    ("refused|", "matches every message"),
+    ("(a+)+$", "catastrophic backtracking"),
+    ("^(\\\\w+\\\\s?)+$", "catastrophic backtracking"),
+    ("(.*,)+x", "catastrophic backtracking"),
+])
+def test_a_regex_that_cannot_fail_or_cannot_finish_is_a_problem(tmp_path, regex, says):
+    path = write(tmp_path, f"""
+        [[rule]]
+        when = {{ backend = "fa3" }}
+        reject = {{ error = "ValueError", match = "{regex}" }}
+    """)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, "match =")
+    assert str(info.value).startswith(f"matrix/m.toml:{line}: rule[0].reject.match: regex ")
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("regex", ["^(\\\\d+\\\\.){3}", "(.*, )?only", "(a+)++b", "^Selected backend [A-Z_]+"])
+def test_bounded_optional_and_possessive_repetitions_are_fine(tmp_path, regex):
+    m = load_matrix(write(tmp_path, f"""
+        [[rule]]
+        when = {{ backend = "fa3" }}
+        reject = {{ error = "ValueError", match = "{regex}" }}
+    """))
+    assert m.rules[0].match == regex.replace("\\\\", "\\")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
+import re
 
 import pytest
 
@@ -146,6 +146,39 @@ def test_distributed_mode_through_the_harness():
         run_kernel_check(c, ref_kernel, dcp_mode="threads")
 
 
+def empty_rank_nan_kernel(*args, **kwargs):
+    """Right wherever a rank holds tokens of a request; NaN out and LSE where it holds none
+    (the bug the DCP rule "empty ranks contribute nothing and produce no NaN" is about)."""
+    out, lse = ref_kernel(*args, **kwargs)
+    empty = args[3] == 0  # cache_seqlens: this rank's tokens per request
+    out[empty] = float("nan")
+    lse[empty] = float("nan")
+    return out, lse
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 4])
+@pytest.mark.parametrize("merge", [None, "pytest_mla.kernels.reference:ref_merge"], ids=["triton-merge", "ref-merge"])
+def test_nan_from_an_empty_dcp_rank_fails_at_every_dcp_size(dcp, merge):
+    c = _small_case(dcp=dcp)
+    rec = run_kernel_check(c, empty_rank_nan_kernel, merge=merge)
+    assert rec["status"] == "failed"
+    if dcp == 1:
+        assert "NaN position(s) differ" in rec["message"]  # the request with no tokens at all
+    else:
+        assert rec["message"].startswith(f"DCP rank 0 of {dcp} returned NaN out and lse for request 2, which has no "
+                                         "tokens on that rank: a rank with nothing to attend must give out 0 and "
+                                         "lse -inf, never NaN")
+    assert run_kernel_check(c, ref_kernel, merge=merge)["status"] == "verified"  # the check can pass
+
+
+def test_nan_from_an_empty_dcp_rank_fails_in_distributed_mode_too():
+    rec = run_kernel_check(_small_case(dcp=2), f"{__name__}:empty_rank_nan_kernel", dcp_mode="distributed",
+                           merge="pytest_mla.kernels.reference:ref_merge", timeout_s=120)
+    assert rec["status"] == "failed"
+    assert rec["message"].startswith("DCP rank 0 of 2 returned NaN out and lse for request 2, which has no tokens "
+                                     "on that rank")
+
+
 def test_kernel_crash_propagates():
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
@@ -184,3 +217,16 @@ def test_a_case_whose_tolerance_sees_nothing_is_never_verified():
 
     with pytest.raises(WeakCheck, match="cannot detect scale_x1.05"):
         gen_checked_inputs(_small_case(), Tolerance(abs=10.0, rel=10.0, cos=1.0))
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"dcp": 100_000}, "a kernel check simulates at most 256 DCP ranks, not 100000"),
+    ({"page_size": 2 ** 40}, "a kernel check for DCP 1 with page size 1099511627776 would need "),
+    # 64 ranks x 4096 + 4096 // 2 + 3 (every rank over more than one page)
+    ({"dcp": 64, "page_size": 4096}, "would need 264,195 tokens per request (at most 65,536 here)"),
+])
+def test_an_absurdly_large_check_is_refused_before_anything_is_allocated(extra, says):
+    from pytest_mla.kernels.harness import CaseTooLarge
+
+    with pytest.raises(CaseTooLarge, match=re.escape(says)):
+        case(**extra)

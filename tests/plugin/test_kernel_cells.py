@@ -36,7 +36,8 @@ def test_accepted_triton_cells_are_verified_once_per_numeric_config(pytester):
     """))
     result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
     result.assert_outcomes(passed=16)
-    result.stdout.fnmatch_lines(["kernels: 8 verified (4 reused), 0 failed, 4 not run",
+    result.stdout.fnmatch_lines(["kernels: 8 verified on a kernel (4 reused), 0 with emulated kernels, 0 failed, "
+                                 "4 not run",
                                  "  worst of the verified: out max abs *e-*, outside abs-or-rel 0%, cos diff *e-*; "
                                  "lse max abs *e-*; kernel time * s"])
     cells = {c["id"]: c for c in read_report(pytester)["cells"]}
@@ -73,6 +74,9 @@ def pytest_mla_kernel(config, cell, spec):
                       .replace("dcp = [1, 2]", "dcp = [1]").replace('["none", "eagle-2x2"]', '["none"]'))
     result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
     result.assert_outcomes(failed=1)
+    # headed for what went wrong: the engine accepted, as expected; its kernel did not compute
+    result.stdout.fnmatch_lines(["tiny-mla/triton/dcp1/none/sm90: kernel out of tolerance",
+                                 "  expectation from no rule (default: accept): accept"])
     cell = read_report(pytester)["cells"][0]
     assert cell["verdict"] == "fail" and cell["kernel"]["status"] == "failed"
     assert cell["kernel"]["kernel"] == "bad"
@@ -183,3 +187,35 @@ def test_a_known_bug_after_acceptance_is_checked_by_the_kernel(pytester):
     assert cells["tiny-mla/good/dcp2/eagle-1x3/sm90"]["verdict"] == "xpass"
     assert cells["tiny-mla/crashes/dcp2/eagle-1x3/sm90"]["verdict"] == "xfail"
     assert cells["tiny-mla/crashes/dcp2/eagle-1x3/sm90"]["kernel"]["finding"] is True
+
+
+def test_nan_from_an_empty_dcp_rank_fails_its_cell_at_every_dcp_size(pytester):
+    # A kernel right wherever a rank holds tokens, NaN where it holds none: the merge used to hide it.
+    pytester.makepyfile(emptynan='''
+from pytest_mla.kernels.reference import ref_kernel
+
+def nan_when_empty(*args, **kwargs):
+    out, lse = ref_kernel(*args, **kwargs)
+    empty = args[3] == 0
+    out[empty] = float("nan")
+    lse[empty] = float("nan")
+    return out, lse
+''')
+    pytester.makeconftest('''
+import sys, os
+sys.path.insert(0, os.path.dirname(__file__))
+from pytest_mla.engines.protocol import KernelSpec
+
+def pytest_mla_kernel(config, cell, spec):
+    if spec is not None:
+        return KernelSpec("nan-when-empty", "emptynan:nan_when_empty")
+''')
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90",)).replace('["triton", "flashmla"]', '["triton"]')
+                      .replace("dcp = [1, 2]", "dcp = [1, 2, 4]").replace('["none", "eagle-2x2"]', '["none"]'))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    result.assert_outcomes(failed=3)
+    cells = {c["id"]: c for c in read_report(pytester)["cells"]}
+    for dcp in (2, 4):
+        kernel = cells[f"tiny-mla/triton/dcp{dcp}/none/sm90"]["kernel"]
+        assert kernel["status"] == "failed"
+        assert f"of {dcp} returned NaN out and lse for request 2, which has no tokens on that rank" in kernel["message"]

@@ -91,9 +91,9 @@ def test_probe_cells_run_and_are_judged_and_the_json_names_the_probes(counting, 
     rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in validation.splitlines()
             if line.startswith("| ")][1:]  # after the header (the separator starts "|-")
     assert rows == [
-        ["backend = nope", "2", "with DCP 0", "❌ ValueError: dcp must be &gt;= 1, got 0"],
-        ["", "2", "without DCP", "❌ ValueError: unknown backend nope"],
-        ["dcp = 0", "6", "", "❌ ValueError: dcp must be &gt;= 1, got 0"],
+        ["backend = nope", "2", "with DCP 0", "⛔ ValueError: dcp must be &gt;= 1, got 0"],
+        ["", "2", "without DCP", "⛔ ValueError: unknown backend nope"],
+        ["dcp = 0", "6", "", "⛔ ValueError: dcp must be &gt;= 1, got 0"],
     ]
 
 

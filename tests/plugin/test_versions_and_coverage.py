@@ -109,5 +109,17 @@ def test_strict_coverage_fails_the_session(pytester, how):
 
 def test_engines_without_a_listing_have_no_coverage(liar):
     liar.makefile(".toml", m=matrix(["lenient"]))
-    liar.runpytest("--mla-matrix=m.toml", "--mla-strict-coverage").assert_outcomes(passed=2)
+    result = liar.runpytest("--mla-matrix=m.toml")
+    result.assert_outcomes(passed=2)
+    assert result.ret == 0
     assert json.loads((liar.path / "reports" / "m.json").read_text())["run"]["engine"]["coverage"] is None
+
+
+def test_strict_coverage_that_cannot_be_checked_fails_and_says_why(liar):
+    # Asked for, strict coverage must not pass having checked nothing (issue 23.8).
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    result = liar.runpytest("--mla-matrix=m.toml", "--mla-strict-coverage")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["--mla-strict-coverage: cannot check m.toml: its adapter 'liar' has no "
+                                 "registered_backends()"])

@@ -86,13 +86,14 @@ EXPECTED_MLA = [
     ["triton", "✅", "☑️", "✅", "✅", "✅", "✅", "✅", "✅", "sm90 · 12 of 24 [1]"],
     # flashmla: page 1 refused everywhere (plain configuration too), trees refused with page 64.
     # Feature columns skip the page-1 cells (their plain twin is refused); page 1 is refused where page 64 works.
-    ["flashmla", "◐ [3]", "◐ [3]", "☑️", "❌ [4]", "☑️", "☑️", "❌ [2]", "☑️", "0 of 8"],
+    # No kernel ran for it here (a GPU is needed): "not run here", never "0 of 8".
+    ["flashmla", "◐ [3]", "◐ [3]", "☑️", "⛔ [4]", "☑️", "☑️", "⛔ [2]", "☑️", "not run here: needs a GPU"],
     # trtllm_mla: sm90 refused; on sm100 trees refused with page 64; DCP with speculation refused.
-    ["trtllm\\_mla", "❌ [5]", "☑️", "☑️", "◐ [6]", "☑️", "❌ [7]", "☑️", "☑️", "0 of 7"],
+    ["trtllm\\_mla", "⛔ [5]", "☑️", "☑️", "◐ [6]", "☑️", "⛔ [7]", "☑️", "☑️", "not run here: needs a GPU"],
 ]
 EXPECTED_NON_MLA = [
     # triton with Llama: DCP refused; DCP + spec has no counted cell (DCP alone is refused): all its cells count.
-    ["triton [8]", "✅", "☑️", "✅", "✅", "❌ [9]", "❌ [9]", "✅", "✅", "sm90 · 6 of 12 [1]"],
+    ["triton [8]", "✅", "☑️", "✅", "✅", "⛔ [9]", "⛔ [9]", "✅", "✅", "sm90 · 6 of 12 [1]"],
 ]
 EXPECTED_NOTES = [
     "verified through tiny.triton\\_decode at the kernel level",
@@ -108,9 +109,9 @@ EXPECTED_NOTES = [
     "ValueError: trtllm\\_mla backend can only be used with MLA models.",
 ]
 EXPECTED_PROBES = [
-    ["backend = bogus", "24", "with DCP 0", "❌ ValueError: dcp\\_size must be &gt;= 1, got 0."],
-    ["", "48", "with DCP 1 or 2", f"❌ ValueError: {MSG_BOGUS}"],
-    ["dcp = 0", "96", "", "❌ ValueError: dcp\\_size must be &gt;= 1, got 0."],
+    ["backend = bogus", "24", "with DCP 0", "⛔ ValueError: dcp\\_size must be &gt;= 1, got 0."],
+    ["", "48", "with DCP 1 or 2", f"⛔ ValueError: {MSG_BOGUS}"],
+    ["dcp = 0", "96", "", "⛔ ValueError: dcp\\_size must be &gt;= 1, got 0."],
 ]
 
 
@@ -159,7 +160,7 @@ def test_every_partial_entry_and_every_refusal_has_a_note_and_each_refusal_is_qu
     notes = dict(line.split(". ", 1) for line in section(md, "## Notes"))
     for row in table_after(md, "## MLA models: deepseek-v3")[2:] + table_after(md, "## Non-MLA models: llama-3.1-8b")[2:]:
         for entry in row[1:-1]:
-            if entry[0] in "◐❌":
+            if entry[0] in "◐⛔":
                 refs = [r.strip("[]") for r in entry.split()[1:]]
                 assert refs and all(r in notes for r in refs), entry
     for msg in (MSG_PAGE, MSG_TREE, MSG_ARCH, MSG_DCP_MLA):
@@ -198,7 +199,7 @@ def test_a_failed_cell_is_flagged_not_hidden():
     bad.update(verdict="fail", reason="expected accept, but the engine rejected it:\n  raised:   ValueError: nope")
     md = render_markdown(doc, view="backends")
     row = next(r for r in table_after(md, "## MLA models: deepseek-v3")[2:] if r[0] == "flashmla")
-    assert row[HEADER.index("spec chain")].startswith("⚠️ [")
+    assert row[HEADER.index("spec chain")].startswith("❌ [")  # a failure, not a refusal and not a known bug
     # the column counts page 64 only (page 1 is refused in the plain configuration): the note names the arch
     assert "on sm100: fail: expected accept, but the engine rejected it: raised: ValueError: nope" in md
     assert "## Failures" in md
@@ -231,8 +232,8 @@ def test_html_and_terminal_show_the_same_entries():
     full = render_html(doc)
     assert full.index('id="backends-view"') < full.index('id="mla-data"')
     text = render_terminal(doc, view="backends")
-    assert "  trtllm_mla  ❌ [5]" in text and "[6] not with page size 64 (refused: [4])" in text
-    assert "probe backend = bogus with DCP 1 or 2: ❌ ValueError: Invalid attention backend: bogus (48 cells)" in text
+    assert "  trtllm_mla  ⛔ [5]" in text and "[6] not with page size 64 (refused: [4])" in text
+    assert "probe backend = bogus with DCP 1 or 2: ⛔ ValueError: Invalid attention backend: bogus (48 cells)" in text
 
 
 @pytest.mark.parametrize("name", ["sglang-0.5.23", "vllm-0.34.0", "reference"])

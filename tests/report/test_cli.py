@@ -166,3 +166,25 @@ def test_console_script_runs(tmp_path):
     res = subprocess.run([sys.executable, "-c", "import sys; from pytest_mla.cli import main; sys.exit(main())",
                           "render", good, "-f", "terminal"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.startswith("t: ")
+
+
+@pytest.mark.parametrize("given", ["deepseek-v3-trtllm_mla-dcp2-eagle-1x3-sm100",
+                                   "m.toml::deepseek-v3-trtllm_mla-dcp2-eagle-1x3-sm100",
+                                   "deepseek-v3/trtllm_mla/dcp2/eagle-1x3/sm100"])
+def test_explain_takes_the_ids_pytest_prints(tmp_path, capsys, given):
+    matrix = write(tmp_path, "m.toml", SMALL_MATRIX)
+    assert main(["explain", matrix, given]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("cell deepseek-v3/trtllm_mla/dcp2/eagle-1x3/sm100\n")
+    assert "→ rule[3]" in out
+
+
+@pytest.mark.parametrize("given, nearest", [
+    ("deepseek-v3-fastmla-dcp2-eagle-1x3-sm90", "deepseek-v3/flashmla/dcp2/eagle-1x3/sm90"),
+    ("deepseek-v3/flashmlaa/dcp2/eagle-1x3/sm90", "deepseek-v3/flashmla/dcp2/eagle-1x3/sm90"),
+])
+def test_explain_suggests_the_nearest_cell(tmp_path, capsys, given, nearest):
+    matrix = write(tmp_path, "m.toml", SMALL_MATRIX)
+    assert main(["explain", matrix, given]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith(f"; did you mean {nearest}?")

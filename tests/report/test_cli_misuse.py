@@ -142,3 +142,19 @@ def test_diff_regression_lines_carry_the_expectation_and_the_engine_text(tmp_pat
     out = capsys.readouterr().out
     assert ("REGRESSION deepseek-v3/triton/dcp1/none/sm90: pass ✅ verified → fail ❌ bad: wrong message: "
             "expected: a b c; raised: a b d (first difference at character 4)") in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["render", "{r}", "-o", "{blocked}/out.md"],
+    ["render", "{r}", "-f", "json", "-o", "{blocked}/out.json"],
+    ["merge", "{r}", "-o", "{blocked}/out.json"],
+    ["diff", "{r}", "{r}", "-o", "{blocked}/out.txt"],
+    ["init", "sglang", "-o", "{blocked}/sglang.toml"],
+], ids=["render", "render-json", "merge", "diff", "init"])
+def test_an_output_path_that_cannot_be_written_is_one_line_naming_what_is_in_the_way(tmp_path, capsys, result, argv):
+    blocked = tmp_path / "taken"
+    blocked.write_text("a file where a folder should be")
+    assert main([a.format(r=result, blocked=blocked) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pytest-mla: error: ")
+    assert err.rstrip().endswith(f"cannot write: {blocked} is a file, not a folder")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
@@ -139,3 +140,25 @@ def test_backends_the_matrix_does_not_cover_are_named_in_the_header():
     from pytest_mla.report.html import render_html
 
     assert "<dt>not covered</dt><dd>2 MLA-capable backends the engine registers: fa4, my_mla</dd>" in render_html(doc)
+
+
+def test_one_markdown_file_never_gives_two_notes_one_number():
+    """The backends view and the full matrix each have a Notes list: the second goes on numbering
+    from the first, so a [3] in the file means one note (issue 23.10)."""
+    from .test_backends_view import document as hand_made
+
+    md = render_markdown(hand_made())
+    lines = md.splitlines()
+    lists = [i for i, line in enumerate(lines) if line.endswith(" Notes")]
+    assert len(lists) == 2
+    numbered = []
+    for start in lists:
+        for line in lines[start + 2:]:
+            if not line[:1].isdigit():
+                break
+            numbered.append(int(line.split(".", 1)[0]))
+    assert numbered == list(range(1, len(numbered) + 1))  # one sequence through both lists
+    grid = md[md.index("## Full matrix"):]
+    first_grid_note = int(lines[lists[1] + 2].split(".", 1)[0])
+    cited = {int(n) for n in re.findall(r"\[(\d+)\]", grid.split("### Notes")[0])}
+    assert cited and min(cited) >= first_grid_note  # the grid cites its own notes only

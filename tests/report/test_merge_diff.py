@@ -172,3 +172,43 @@ def test_step_summary_respects_the_limit(tmp_path):
     full = tmp_path / "full.md"
     full.write_bytes(b"x" * 20_000)
     assert append_step_summary("more", full, limit=20_000) is False
+
+
+def _cut(doc, keep, *, interrupted):
+    cut = copy.deepcopy(doc)
+    cut["cells"] = cut["cells"][:keep]
+    cut["run"].update(complete=False, interrupted=interrupted, cells_reported=keep, cells_total=len(doc["cells"]))
+    return cut
+
+
+def test_diff_against_an_interrupted_run_fails_the_gate_and_says_so(tmp_path, capsys):
+    good = make_document()
+    total = len(good["cells"])
+    po, pn = write(tmp_path, "good.json", good), write(tmp_path, "died.json", _cut(good, 10, interrupted=True))
+    assert main(["diff", po, pn]) == 1
+    captured = capsys.readouterr()
+    assert f"{pn} is incomplete (interrupted: 10 of {total} cells reported): the gate fails" in captured.err
+    assert f"0 gone, {total - 10} not reported, 10 unchanged" in captured.out
+    assert "  GONE" not in captured.out and "  UNREPORTED " in captured.out
+    assert main(["diff", po, pn, "--format", "md"]) == 1
+    md = capsys.readouterr().out
+    assert md.startswith("### ❌ pytest-mla: 0 regression(s)") and "> ⚠️" in md and "#### Not reported" in md
+
+
+def test_diff_against_a_shard_compares_what_ran_and_passes(tmp_path, capsys):
+    good = make_document()
+    po, pn = write(tmp_path, "good.json", good), write(tmp_path, "shard.json", _cut(good, 10, interrupted=False))
+    assert main(["diff", po, pn]) == 0
+    captured = capsys.readouterr()
+    assert f"{pn} is incomplete (10 of {len(good['cells'])} cells reported): its other cells are not compared" \
+        in captured.err
+    assert ", 0 gone, " in captured.out
+
+
+def test_an_incomplete_old_run_is_named_and_its_missing_cells_are_new(tmp_path, capsys):
+    good = make_document()
+    po, pn = write(tmp_path, "died.json", _cut(good, 10, interrupted=True)), write(tmp_path, "good.json", good)
+    assert main(["diff", po, pn]) == 0
+    captured = capsys.readouterr()
+    assert f"{po} is incomplete (interrupted: 10 of {len(good['cells'])} cells reported): cells it lacks show as new" \
+        in captured.err
