@@ -52,13 +52,18 @@ TOLERANCES: dict[str, DtypeTolerance] = {
 #: For a kernel that rounds its dot operands to the fp8 cache dtype too (``KernelSpec.fp8_dots``):
 #: q for Q·Kᵀ and the softmax weights P for P·V, as an FP8 MMA takes them (SGLang's Triton
 #: decode and extend kernels: ``q.to(K_Buffer.dtype.element_ty)``, ``p.to(v.dtype)``). One
-#: rounding of q and of P costs half an fp8 ulp relative: 2⁻⁴ for e4m3, 2⁻³ for e5m2. Measured
-#: on the check shapes (SGLang 0.5.20–0.5.23, bf16): out max abs 3.6e-3 / cos 2.5e-5 (e4m3),
-#: 6.0e-3 / 5.4e-5 (e5m2); the bounds leave about 3x. A token too many or too few moves the
-#: output by ~1e-2 and its cosine by ~1e-2, far beyond them.
+#: rounding of P costs half an fp8 ulp relative: 2⁻⁴ for e4m3, 2⁻³ for e5m2.
+#:
+#: The elementwise bound follows from the format: with q exact in the cache's fp8 format (the
+#: check's queries are, see ``inputs``), only P is rounded, so an output element is off by at
+#: most half an fp8 ulp of the weights times the largest |V| (< 0.5 for the check's values):
+#: 2⁻⁴·0.5 ≈ 3e-2 for e4m3, 2⁻³·0.5 ≈ 6e-2 for e5m2 — still tighter than FlashInfer's fp8-KV
+#: tests (1e-1). Measured on the discriminating inputs (SGLang 0.5.23, DeepSeek-V3 and V2-Lite,
+#: decode and chain verify): out max abs 1.8e-2 / cos 3.5e-5 (e4m3), 1.6e-2 / 4.0e-5 (e5m2). The
+#: cosine bound, which is what sees a 5% scale error (docs/check-power.md), is 1e-4 for both.
 FP8_DOT_TOLERANCES: dict[str, DtypeTolerance] = {
-    "fp8_e4m3": DtypeTolerance(out=Tolerance(abs=1e-2, rel=2.0**-3, cos=1e-4), lse=Tolerance(abs=1e-3)),
-    "fp8_e5m2": DtypeTolerance(out=Tolerance(abs=2e-2, rel=2.0**-2, cos=2e-4), lse=Tolerance(abs=2e-3)),
+    "fp8_e4m3": DtypeTolerance(out=Tolerance(abs=3e-2, rel=2.0**-3, cos=1e-4), lse=Tolerance(abs=1e-3)),
+    "fp8_e5m2": DtypeTolerance(out=Tolerance(abs=6e-2, rel=2.0**-2, cos=1e-4), lse=Tolerance(abs=2e-3)),
 }
 
 

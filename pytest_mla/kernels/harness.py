@@ -49,6 +49,9 @@ class KernelCase:
     page_size: int  # tokens per cache page
     dtype: str  # "bf16" / "fp16" / "fp32": q, output and (unless fp8) cache
     kv_dtype: str  # "auto" (= dtype), "fp8_e4m3" or "fp8_e5m2"
+    #: The fp8 cache's per-tensor scales the check runs with, one run each (``kv_scale_variants``):
+    #: 1.0 (a checkpoint without KV scales) and "pow2" (one that carries calibrated ones); () unless fp8.
+    kv_scales: tuple[float | str, ...]
     seqlens: tuple[int, ...]  # global tokens per request, len == batch
     softmax_scale: float  # the model's scale
     spec_topk: int  # > 1: tree mask; 1: causal (chain or plain decode)
@@ -60,6 +63,7 @@ class KernelCase:
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["seqlens"] = list(self.seqlens)
+        d["kv_scales"] = list(self.kv_scales)
         return d
 
 
@@ -121,7 +125,7 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
     topk, steps = (spec.topk, spec.steps) if spec.enabled else (1, 0)
     fields = {
         "mla": model.mla, "batch": 0, "s_q": spec.s_q, "h_q": h_q, "h_kv": h_kv, "d_qk": model.d_qk,
-        "d_v": model.d_v, "page_size": page_size, "dtype": dtype, "kv_dtype": kv_dtype,
+        "d_v": model.d_v, "page_size": page_size, "dtype": dtype, "kv_dtype": kv_dtype, "kv_scales": None,
         "seqlens": (), "softmax_scale": model.softmax_scale,
         "spec_topk": topk, "spec_steps": steps, "dcp": dcp, "dcp_interleave": interleave,
     }
@@ -131,6 +135,12 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
         if key not in fields or key in ("batch", "seqlens"):
             raise ValueError(f"case override {key!r} is not a KernelCase field one may set")
         fields[key] = _KV_DTYPES.get(value, value) if key == "kv_dtype" else value
+    if not fields["kv_dtype"].startswith("fp8"):
+        fields["kv_scales"] = ()
+    elif fields["kv_scales"] is None:
+        fields["kv_scales"] = (1.0, "pow2")
+    else:
+        fields["kv_scales"] = tuple(fields["kv_scales"])
     if fields["dcp"] > MAX_CHECK_RANKS:
         raise CaseTooLarge(f"a kernel check simulates at most {MAX_CHECK_RANKS} DCP ranks, not {fields['dcp']}")
     fields["seqlens"] = tuple(max(n, min_seqlen) for n in _check_seqlens(
@@ -139,7 +149,8 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
         raise CaseTooLarge(f"a kernel check for DCP {fields['dcp']} with page size {fields['page_size']} would "
                            f"need {max(fields['seqlens']):,} tokens per request (at most {MAX_CHECK_TOKENS:,} here)")
     fields["batch"] = len(fields["seqlens"])
-    return KernelCase(**fields, seed=_stable_seed(seed, {**fields, "seqlens": list(fields["seqlens"])}))
+    plain = {**fields, "seqlens": list(fields["seqlens"]), "kv_scales": list(fields["kv_scales"])}
+    return KernelCase(**fields, seed=_stable_seed(seed, plain))
 
 
 def _import_kernel(text: str) -> Callable:
@@ -172,10 +183,10 @@ MAX_PROFILES = 3
 
 
 def kv_scale_variants(case: KernelCase) -> list[float | str | None]:
-    """The KV-cache scales a case runs with: an fp8 cache runs with ``k_scale = 1`` (a checkpoint
-    without KV scales, e.g. DeepSeek-V3's FP8 release) and with a calibrated-style power of two
-    (a checkpoint that carries them); others have none."""
-    return [1.0, "pow2"] if case.kv_dtype.startswith("fp8") else [None]
+    """The KV-cache scales a case runs with (``KernelCase.kv_scales``): an fp8 cache runs with
+    ``k_scale = 1`` (a checkpoint without KV scales, e.g. DeepSeek-V3's FP8 release) and, where
+    the engine can load them, a calibrated-style power of two; other caches have none."""
+    return list(case.kv_scales) or [None]
 
 
 def gen_checked_inputs(case: KernelCase, tol_out: Any, *, kv_scale: float | str | None = None) -> tuple[Any, dict]:
@@ -240,8 +251,10 @@ def run_kernel_check(
     """
     if dcp_mode not in DCP_MODES:
         raise ValueError(f"unknown dcp_mode {dcp_mode!r} (known: {', '.join(DCP_MODES)})")
+    from ._mode import share_cpu_threads
     from .compare import tolerance_for
 
+    share_cpu_threads()
     tol = tolerance_for(case.dtype, case.kv_dtype)
     records = []
     for kv_scale in kv_scale_variants(case):

@@ -31,9 +31,9 @@ from typing import Any, Callable
 
 import torch
 
-from .compare import Tolerance, check_close
+from .compare import Tolerance
 from .inputs import DecodeInputs
-from .reference import ref_attend, ref_gather
+from .reference import ref_gather
 
 __all__ = ["MARGIN", "PLANTED_FAULTS", "WeakCheck", "measure_power"]
 
@@ -49,47 +49,61 @@ class WeakCheck(Exception):
 
 @dataclasses.dataclass
 class _Request:
-    q: torch.Tensor  # [s_q, h_q, d_qk] float64
-    k: torch.Tensor  # [n, h_kv, d_qk] float64 (dequantised)
-    v: torch.Tensor  # [n, h_kv, d_v]
-    mask: torch.Tensor | None  # [s_q, s_q] tree mask
+    """One request in float64, with its scaled scores computed once (every fault reuses them)."""
+
+    scores: torch.Tensor  # [h_q, s_q, n] q·k · softmax_scale
+    v: torch.Tensor  # [n, h_q, d_v] (each query head's V rows)
+    visible: torch.Tensor  # [s_q, n] bool: the mask the reference applies
 
 
 def _requests(x: DecodeInputs) -> list[_Request]:
     out = []
-    scale = x.kv_scale
+    b, s_q, h_q, _ = x.q.shape
     for i, n in enumerate(x.cache_seqlens.tolist()):
         k = ref_gather(x.kv_cache.cpu(), x.block_table[i].cpu(), n).to(torch.float64)
         v = ref_gather(x.v_cache.cpu(), x.block_table[i].cpu(), n).to(torch.float64) if x.v_cache is not None \
             else k[..., : x.head_dim_v]
-        if scale is not None:
-            k, v = k * scale, v * scale
-        out.append(_Request(x.q[i].cpu().to(torch.float64), k, v,
-                            x.tree_mask[i].cpu() if x.tree_mask is not None else None))
+        if x.kv_scale is not None:
+            k, v = k * x.kv_scale, v * x.kv_scale
+        group = h_q // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [n, h_q, d]
+        scores = torch.einsum("ihd,jhd->hij", x.q[i].cpu().to(torch.float64), k) * x.softmax_scale
+        pos = torch.arange(n)
+        first = n - s_q
+        if x.tree_mask is not None:
+            draft = (pos - first).clamp(min=0, max=max(s_q - 1, 0))
+            visible = (pos < first)[None, :] | x.tree_mask[i].cpu()[:, draft]
+        elif x.causal:
+            visible = pos[None, :] <= (first + torch.arange(s_q))[:, None]
+        else:
+            visible = torch.ones(s_q, n, dtype=torch.bool)
+        out.append(_Request(scores, v, visible))
     return out
 
 
-def _attend(x: DecodeInputs, reqs: list[_Request], *, scale: float | None = None, causal: bool | None = None,
-            drop_mask: bool = False, keep: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
-            rows: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None):
-    """Float64 attention of every request: ``(out [b, s_q, h_q, d_v], lse [b, h_q, s_q])``."""
+def _attend(r: _Request, visible: torch.Tensor, factor: float = 1.0, scores: torch.Tensor | None = None,
+            v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [s_q, h_q, d_v], lse [h_q, s_q])`` of one request under ``visible [s_q, n]``."""
+    s = (r.scores if scores is None else scores) * factor
+    s = s.masked_fill(~visible[None], -math.inf)
+    lse = torch.logsumexp(s, -1)  # [h, s_q]
+    probs = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])
+    return torch.einsum("hij,jhd->ihd", probs, r.v if v is None else v), lse
+
+
+def _batch(reqs: list[_Request], x: DecodeInputs, one: Callable[[int, _Request], tuple[torch.Tensor, torch.Tensor]],
+           base: tuple[torch.Tensor, torch.Tensor] | None = None, only: int | None = None):
+    """Every request's ``(out, lse)`` (``[b, s_q, h_q, d_v]``, ``[b, h_q, s_q]``), or ``base`` with request ``only`` redone."""
+    if base is not None:
+        out, lse = base[0].clone(), base[1].clone()
+        out[only], lse[only] = one(only, reqs[only])
+        return out, lse
     b, s_q, h_q, _ = x.q.shape
     out = torch.zeros(b, s_q, h_q, x.head_dim_v, dtype=torch.float64)
     lse = torch.full((b, h_q, s_q), -math.inf, dtype=torch.float64)
     for i, r in enumerate(reqs):
-        n = r.k.shape[0]
-        k, v = rows.get(i, (r.k, r.v)) if rows else (r.k, r.v)
-        pos = torch.arange(n, dtype=torch.int64)
-        if keep is not None:
-            chosen = keep(i, pos)
-            k, v, pos = k[chosen], v[chosen], pos[chosen]
-        if n == 0 or pos.numel() == 0:
-            continue
-        out[i], lse[i] = ref_attend(
-            r.q, k, v, pos, n, scale if scale is not None else x.softmax_scale,
-            causal=(x.causal if causal is None else causal) and not drop_mask,
-            tree_mask=None if drop_mask else r.mask,
-        )
+        if r.scores.shape[-1]:
+            out[i], lse[i] = one(i, r)
     return out, lse
 
 
@@ -105,7 +119,7 @@ def _misread_positions(n: int, page_size: int) -> dict[str, tuple[int, int]]:
 
 
 def _merge(outs: torch.Tensor, lses: torch.Tensor, weights: str) -> torch.Tensor:
-    """Merge ``outs [N, b, s_q, h, d_v]`` by ``lses [N, b, h, s_q]``: ``"lse"``, ``"equal"`` or ``"base2_as_e"``."""
+    """Merge ``outs [N, b, s_q, h, d_v]`` by ``lses [N, b, h, s_q]``: ``"equal"`` or ``"base2_as_e"``."""
     lse = lses.permute(0, 1, 3, 2)[..., None]  # [N, b, s_q, h, 1]
     present = torch.isfinite(lse)
     if weights == "equal":
@@ -118,9 +132,21 @@ def _merge(outs: torch.Tensor, lses: torch.Tensor, weights: str) -> torch.Tensor
 
 
 def _effect(perturbed: torch.Tensor, ref: torch.Tensor, tol: Tolerance, margin: float) -> dict[str, Any]:
-    loose = Tolerance(abs=tol.abs * margin, rel=tol.rel * margin, cos=None if tol.cos is None else tol.cos * margin)
-    result = check_close("out", perturbed, ref, loose)
-    return {"detected": not result.ok, "max_abs": round(result.max_abs_err, 6), "cos_diff": float(f"{result.cos_diff:.3g}")}
+    """Whether ``compare.check_close`` would fail ``perturbed`` with every bound ``margin`` times looser.
+
+    The same rule as ``check_close`` (an element fails beyond abs **and** rel; the
+    tensor fails on its cosine difference), computed lean: both tensors are
+    finite float64 here (planted faults move values, they do not make NaN), and
+    this runs a dozen times per case. ``tests/kernels/test_inputs_power.py``
+    holds the two together.
+    """
+    err = (perturbed - ref).abs()
+    beyond = (err > tol.abs * margin) & (err > tol.rel * margin * ref.abs())
+    denom = float((perturbed * perturbed).sum() + (ref * ref).sum())
+    cos = 1.0 - 2.0 * float((perturbed * ref).sum()) / denom if denom > 0 else 0.0
+    detected = bool(beyond.any()) or (tol.cos is not None and cos > tol.cos * margin)
+    return {"detected": detected, "max_abs": round(float(err.max()) if err.numel() else 0.0, 6),
+            "cos_diff": float(f"{cos:.3g}")}
 
 
 def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1, 1),
@@ -133,19 +159,20 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
     one-token request) are left out.
     """
     reqs = _requests(x)
-    ref_out, _ = _attend(x, reqs)
+    base = _batch(reqs, x, lambda i, r: _attend(r, r.visible))
+    ref_out = base[0]
     faults: dict[str, dict[str, Any]] = {}
 
-    scaled, _ = _attend(x, reqs, scale=x.softmax_scale * SCALE_ERROR)
+    scaled, _ = _batch(reqs, x, lambda i, r: _attend(r, r.visible, SCALE_ERROR))
     faults["scale_x1.05"] = _effect(scaled, ref_out, tol, margin)
 
     page_size = x.kv_cache.shape[1]
     per_kind: dict[str, list[dict[str, Any]]] = {}
     for i, r in enumerate(reqs):
-        for kind, (p, src) in _misread_positions(r.k.shape[0], page_size).items():
-            k, v = r.k.clone(), r.v.clone()
-            k[p], v[p] = r.k[src], r.v[src]
-            misread, _ = _attend(x, reqs, rows={i: (k, v)})
+        for kind, (p, src) in _misread_positions(r.scores.shape[-1], page_size).items():
+            scores, v = r.scores.clone(), r.v.clone()
+            scores[..., p], v[p] = r.scores[..., src], r.v[src]
+            misread, _ = _batch(reqs, x, lambda j, rr: _attend(rr, rr.visible, scores=scores, v=v), base, only=i)
             per_kind.setdefault(kind, []).append(_effect(misread, ref_out, tol, margin))
     if per_kind:
         missed = sorted(kind for kind, effects in per_kind.items() if not all(e["detected"] for e in effects))
@@ -156,12 +183,19 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
 
     s_q = x.q.shape[1]
     if s_q > 1 and (x.causal or x.tree_mask is not None):
-        unmasked, _ = _attend(x, reqs, drop_mask=True)
+        unmasked, _ = _batch(reqs, x, lambda i, r: _attend(r, torch.ones_like(r.visible)))
         faults["mask_dropped"] = _effect(unmasked, ref_out, tol, margin)
 
     world, interleave = dcp
     if world > 1:
-        parts = [_attend(x, reqs, keep=lambda i, pos, r=r: (pos // interleave) % world == r) for r in range(world)]
+        def rank_part(rank: int):
+            def one(i: int, r: _Request):
+                n = r.scores.shape[-1]
+                mine = (torch.arange(n) // interleave) % world == rank
+                return _attend(r, r.visible & mine[None, :])
+            return _batch(reqs, x, one)
+
+        parts = [rank_part(rank) for rank in range(world)]
         outs = torch.stack([o for o, _ in parts])
         lses = torch.stack([lse for _, lse in parts])
         faults["merge_equal_weights"] = _effect(_merge(outs, lses, "equal"), ref_out, tol, margin)

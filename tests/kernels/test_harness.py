@@ -230,3 +230,25 @@ def test_an_absurdly_large_check_is_refused_before_anything_is_allocated(extra, 
 
     with pytest.raises(CaseTooLarge, match=re.escape(says)):
         case(**extra)
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({"PYTEST_XDIST_WORKER_COUNT": "2"}, "share"),
+    ({"PYTEST_XDIST_WORKER_COUNT": "2", "OMP_NUM_THREADS": "3"}, "all"),  # the user's word stands
+    ({}, "all"),
+])
+def test_xdist_workers_share_the_cores_for_torch_threads(env, expect):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, torch; before = torch.get_num_threads(); from pytest_mla.kernels._mode import "
+            "share_cpu_threads; share_cpu_threads(); print(before, torch.get_num_threads(), os.cpu_count())")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER_COUNT", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                         check=True).stdout.split()
+    before, after, cpus = map(int, out)
+    if expect == "share":
+        assert after == max(1, min(before, cpus // 2))
+    else:
+        assert after == before

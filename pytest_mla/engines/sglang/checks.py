@@ -132,6 +132,9 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
             ("min_seqlen", 1)]
     if not model.mla:
         case.append(("h_kv", num_kv_heads))
+    # SGLang's DeepSeek and Llama checkpoints get KV scales only through their quantization config
+    # (Fp8KVCacheMethod: k_scale 1.0 unless the checkpoint stores one); an unquantized checkpoint has none.
+    case.append(("kv_scales", (1.0, "pow2") if model.quant_method != "none" else (1.0,)))
     method = "forward_extend" if spec.enabled else "forward_decode"
     name = _class_of(decode_backend)
     return KernelSpec(

@@ -416,15 +416,62 @@ class RankSetup:
         self.heads = (self.rank * heads_local, (self.rank + 1) * heads_local)
         d_qk, d_v = inputs.q.shape[3], inputs.head_dim_v
         kv_heads = inputs.kv_cache.shape[2]
-        self.layer = engine.radix_attention_cls(heads_local, d_qk, inputs.softmax_scale, num_kv_heads=kv_heads,
-                                                layer_id=0, v_head_dim=d_v)
+        scale = self._layer_scale()
+        quant_config = self._quant_config()
+        prefix = "model.layers.0.self_attn." + ("attn_mqa" if self.options["mla"] else "attn")
+
+        def layer(heads: int) -> Any:  # as the model builds its attention layer: its scale, its quant config
+            return construct(engine.radix_attention_cls, heads, d_qk, scale, num_kv_heads=kv_heads, layer_id=0,
+                             v_head_dim=d_v, quant_config=quant_config, prefix=prefix)
+
+        self.layer = layer(heads_local)
         self.layer_gathered = None
         if self.options["mla"] and self.world > 1:  # the model's second layer object for the gathered heads
-            self.layer_gathered = engine.radix_attention_cls(heads_local * self.world, d_qk, inputs.softmax_scale,
-                                                             num_kv_heads=kv_heads, layer_id=0, v_head_dim=d_v)
-        if inputs.kv_scale is not None:
-            for layer in filter(None, (self.layer, self.layer_gathered)):
-                _set_kv_scales(layer, float(inputs.kv_scale), self.device)
+            self.layer_gathered = layer(heads_local * self.world)
+        for built in filter(None, (self.layer, self.layer_gathered)):
+            self._load_kv_scales(built)
+
+    def _layer_scale(self) -> float:
+        """The softmax scale the model gives its attention layer: SGLang's ``model_config.scaling``
+        (an MLA model's, YaRN mscale² included), else the check's (GQA: 1/sqrt(head_dim))."""
+        scale = getattr(self.model_config, "scaling", None) if self.options["mla"] else None
+        if scale is None:
+            return float(self.inputs.softmax_scale)
+        self._notes.append(f"layer scale {float(scale):.6g}: SGLang's model_config.scaling; the reference "
+                           f"uses the catalogue's {self.inputs.softmax_scale:.6g}")
+        return float(scale)
+
+    def _quant_config(self) -> Any:
+        """The checkpoint's quantization config as SGLang's loader builds it (None: unquantized)."""
+        method = getattr(self.model_config, "quantization", None)
+        if not method:
+            return None
+        try:
+            from sglang.srt.configs.load_config import LoadConfig
+            from sglang.srt.model_loader.weight_utils import get_quant_config
+        except ImportError as exc:
+            raise adapter_error("kernel check", f"cannot build the {method} quantization config: {exc}") from None
+        config = construct(get_quant_config, self.model_config, LoadConfig(), {})
+        self._notes.append(f"attention layers built with the checkpoint's {method} quantization config "
+                           f"({type(config).__name__}), as a served checkpoint builds them")
+        return config
+
+    def _load_kv_scales(self, layer: Any) -> None:
+        """The KV scales a checkpoint leaves on the layer: its quant method's defaults (k_scale 1.0
+        when the checkpoint has none) or the case's calibrated scale, then the method's
+        ``process_weights_after_loading`` as SGLang's loader calls it."""
+        scale = self.inputs.kv_scale
+        method = getattr(layer, "quant_method", None)
+        if method is None or not hasattr(method, "process_weights_after_loading"):
+            if scale not in (None, 1.0):
+                raise adapter_error("kernel check", f"k_scale {scale}: this checkpoint has no quantization config "
+                                                    "to load KV scales through")
+            return
+        if scale not in (None, 1.0) and getattr(layer, "k_scale", None) is not None:
+            with torch.no_grad():
+                layer.k_scale.fill_(float(scale))
+                layer.v_scale.fill_(float(scale))
+        method.process_weights_after_loading(layer)
 
     # -- the cache, written the engine's way ---------------------------------------------------------
     def _dense_rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -594,17 +641,11 @@ class RankSetup:
                  f"--triton-attention-num-kv-splits {self.options['num_kv_splits']}"]
         notes += self._notes
         if self.inputs.kv_scale is not None:
-            notes.append("fp8 KV cache with a per-tensor scale set on the layer (k_scale / v_scale), "
-                         "as a checkpoint with KV scales sets it")
+            k_scale = getattr(self.layer, "k_scale_float", None)
+            notes.append(f"fp8 KV cache with k_scale = v_scale = {self.inputs.kv_scale:g} "
+                         + ("(a checkpoint without KV scales)" if k_scale is None or k_scale == 1.0 else
+                            "(a checkpoint with calibrated KV scales)"))
         return notes
-
-
-def _set_kv_scales(layer: Any, scale: float, device: torch.device) -> None:
-    """The KV scales a checkpoint's ``BaseKVCacheMethod`` leaves on an attention layer."""
-    for name in ("k_scale", "v_scale"):
-        setattr(layer, name, torch.nn.Parameter(torch.tensor(scale, dtype=torch.float32, device=device),
-                                                requires_grad=False))
-        setattr(layer, f"{name}_float", scale)
 
 
 def _write_loc(loc: torch.Tensor) -> Any:
