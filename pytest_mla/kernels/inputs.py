@@ -31,6 +31,7 @@ import torch
 __all__ = [
     "DISCRIMINATING",
     "DTYPES",
+    "FALLBACK_PROFILES",
     "LogitProfile",
     "UNUSED_PAGE",
     "DecodeInputs",
@@ -68,23 +69,22 @@ class LogitProfile:
     least-norm correction of q), not on average.
     """
 
-    spread: float = 1.5
-    target_share: float = 0.7
+    spread: float = 1.0
+    target_share: float = 0.8
     hidden_share: float = 0.9
     quiet: float = 4.0
-
-    def stronger(self) -> "LogitProfile":
-        """A more peaked profile, for a case whose power measurement saw a planted fault slip through."""
-        # Wider gaps between logits make a scale error move more mass; the target's share stays
-        # (a saturated softmax hides a scale error).
-        return LogitProfile(self.spread * 1.5, self.target_share, self.hidden_share, self.quiet)
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
 
 
-#: The default profile of every check (our kernel's and the engines').
+#: The default profile of every check (our kernel's and the engines'). Chosen by measurement
+#: (docs/check-power.md): a 5% scale error moves the output's cosine by >= 2.5e-4 on the engine
+#: matrices' shapes, while an fp8-e5m2 P·V rounding moves it by <= 4e-5 (a bulk holding more
+#: of the mass, or spread wider, costs signal and adds rounding noise).
 DISCRIMINATING = LogitProfile()
+#: Tried in turn when a case's power measurement sees a planted fault slip through.
+FALLBACK_PROFILES = (LogitProfile(spread=1.5, target_share=0.7), LogitProfile(spread=0.5, target_share=0.9))
 
 
 @dataclasses.dataclass

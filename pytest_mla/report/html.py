@@ -101,6 +101,14 @@ def describe_outcome(o: Mapping[str, Any] | None) -> str:
     return f"{o.get('kind')}: {o.get('error')}: {o.get('message')}"
 
 
+def power_line(power: Mapping[str, Any]) -> str:
+    """``kernel.power`` in one line: each planted fault, caught or not, and how far it moved the output."""
+    faults = power.get("faults") or {}
+    parts = [f"{name} {'caught' if f.get('detected') else 'MISSED'} (cos {_num(f.get('cos_diff'))})"
+             for name, f in faults.items() if isinstance(f, Mapping)]
+    return (" · ".join(parts) or "no faults planted") + f"; margin {_num(power.get('margin'))}x the tolerance"
+
+
 def describe_kernel(k: Mapping[str, Any] | None, host: str | None = None) -> str:
     if not k:
         return ""
@@ -126,6 +134,13 @@ def describe_kernel(k: Mapping[str, Any] | None, host: str | None = None) -> str
         lines.append("  tolerance: " + "; ".join(
             f"{n} " + " ".join(f"{a}={_num(b)}" for a, b in (t or {}).items() if b is not None)
             for n, t in tol.items() if isinstance(t, Mapping)))
+    power = k.get("power")
+    if isinstance(power, Mapping):
+        lines.append("  power: " + power_line(power))
+    for variant in k.get("variants") or []:
+        if isinstance(variant, Mapping):
+            lines.append(f"  k_scale {_num(variant.get('kv_scale'))}: {variant.get('status')}, out max_abs_err "
+                         f"{_num(variant.get('out_max_abs'))} · cos_diff {_num(variant.get('out_cos_diff'))}")
     case = k.get("case")
     if isinstance(case, Mapping):
         lines.append("  case: " + " ".join(f"{a}={b}" for a, b in case.items()))

@@ -422,3 +422,21 @@ def _product(lists: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
     for values in lists:
         out = [t + (v,) for t in out for v in values]
     return out
+
+
+def power_counts(records: Iterable[Mapping[str, Any]]) -> str:
+    """How many verified checks would have caught each planted fault (``kernel.power``), and how many applied."""
+    runs = [(r.get("kernel") or {}) for r in records if (r.get("kernel") or {}).get("status") == VERIFIED]
+    measured = [k["power"] for k in runs if isinstance(k.get("power"), Mapping)]
+    if not measured:
+        return ""
+    applied: Counter[str] = Counter()
+    caught: Counter[str] = Counter()
+    for power in measured:
+        for name, fault in (power.get("faults") or {}).items():
+            applied[name] += 1
+            caught[name] += bool(fault.get("detected"))
+    parts = [f"{name} {caught[name]}/{applied[name]}" for name in applied]
+    unmeasured = len(runs) - len(measured)
+    return ("power (verified checks that would catch each planted fault): " + ", ".join(parts)
+            + (f"; {unmeasured} without a power record" if unmeasured else ""))

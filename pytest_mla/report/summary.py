@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.records import CellRecord, kernel_of
 from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, VERIFIED
-from .model import kernel_counts_text, reason_line, verdict_counts, verified_state
+from .model import kernel_counts_text, power_counts, reason_line, verdict_counts, verified_state
 from .symbols import EMULATED
 
 __all__ = ["build_summary", "worst_kernel_errors"]
@@ -46,6 +46,9 @@ def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str
         worst = worst_kernel_errors(records)
         if worst:
             lines.append(("  worst of the verified: " + worst, {}))
+        power = power_counts(records)
+        if power:
+            lines.append(("  " + power, {}))
     bad = [r for r in records if r["verdict"] in (FAIL, ERROR)]
     limit = None if verbosity > 0 else LIST_LIMIT
     for r in bad[:limit]:

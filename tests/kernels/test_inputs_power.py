@@ -15,7 +15,7 @@ import torch
 
 from pytest_mla.core.models import BUILTIN_MODELS
 from pytest_mla.kernels.compare import FP8_DOT_TOLERANCES, TOLERANCES, Tolerance, check_close
-from pytest_mla.kernels.inputs import DISCRIMINATING, LogitProfile, gen_decode_inputs
+from pytest_mla.kernels.inputs import DISCRIMINATING, gen_decode_inputs
 from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power
 from pytest_mla.kernels.reference import ref_gather, ref_merge, ref_mla_decode
 
@@ -47,7 +47,8 @@ def test_planted_target_holds_its_share_and_the_newest_first_and_page_tokens_dom
     ordinary = logits_of(x, 1, 0)
     ordinary = ordinary.masked_fill(torch.nn.functional.one_hot(where, 90).bool(), math.nan)
     spread = torch.nanmean((ordinary - torch.nanmean(ordinary, -1, keepdim=True)) ** 2, -1).sqrt()
-    assert (spread > 1.0).all() and (spread < 2.2).all(), spread  # realistic spread, not ~0.02
+    assert ((spread - DISCRIMINATING.spread).abs() < 0.3 * DISCRIMINATING.spread).all(), spread
+    assert (logits_of(x, 1, 0).std(-1) > 1.0).all()  # realistic logits (std 1-3), not ~0.02
     assert probs[:, :].shape == (16, 90) and torch.equal(x.q[2].float(), x.q[2].float())
 
 
@@ -146,21 +147,15 @@ def test_power_of_a_wrong_merge_matches_ref_merge_with_equal_weights():
     assert caught and measure_power(x, BF16, dcp=(world, 1))["faults"]["merge_equal_weights"]["detected"]
 
 
-@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("page,dcp,spec", [(1, 1, "none"), (64, 4, "none"), (1, 1, "tree"), (64, 4, "chain")])
-def test_default_or_stronger_profile_detects_everything_at_model_scale(kv, page, dcp, spec):
+def test_the_default_profile_detects_everything_at_model_scale(kv, page, dcp, spec):
     """The shapes the engine matrices check (V3 at its YaRN scale), with the tolerance each would use."""
     from pytest_mla.kernels.harness import _check_seqlens
 
     s_q, tree = {"none": (1, (1, 0)), "chain": (4, (1, 3)), "tree": (13, (4, 3))}[spec]
     seqlens = tuple(max(n, 1) for n in _check_seqlens(s_q, dcp, page, 1))  # min_seqlen 1, as SGLang's checks
-    tol = (FP8_DOT_TOLERANCES["fp8_e4m3"] if kv != "auto" else TOLERANCES["bf16"]).out
-    profile: LogitProfile = DISCRIMINATING
-    for _ in range(3):
-        x = mla(seqlens, s_q=s_q, page=page, spec_topk=tree[0], spec_steps=tree[1], kv_dtype=kv,
-                dcp=(dcp, 1), seed=11, logits=profile)
-        power = measure_power(x, tol, dcp=(dcp, 1))
-        if not power["undetected"]:
-            break
-        profile = profile.stronger()
-    assert power["undetected"] == [], power
+    tol = (FP8_DOT_TOLERANCES[kv] if kv != "auto" else TOLERANCES["bf16"]).out
+    x = mla(seqlens, s_q=s_q, page=page, spec_topk=tree[0], spec_steps=tree[1], kv_dtype=kv, dcp=(dcp, 1), seed=11)
+    power = measure_power(x, tol, dcp=(dcp, 1))
+    assert power["undetected"] == [], power  # the default profile, no fallback needed
