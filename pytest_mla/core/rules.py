@@ -46,7 +46,7 @@ def field_kind(key: str) -> str | None:
     if key.startswith("model."):
         field = key[len("model."):]
         if field in MODEL_FIELDS:
-            return "bool" if field == "mla" else "int"
+            return {"mla": "bool", "quantization": "str"}.get(field, "int")
     return None
 
 

@@ -393,3 +393,14 @@ def test_bounded_optional_and_possessive_repetitions_are_fine(tmp_path, regex):
         reject = {{ error = "ValueError", match = "{regex}" }}
     """))
     assert m.rules[0].match == regex.replace("\\\\", "\\")
+
+
+def test_rules_can_ask_for_the_checkpoints_quantization(tmp_path):
+    body = """
+    [[rule]]
+    when = { "model.quantization" = "fp8" }
+    reject = { error = "ValueError", message = "fp8 checkpoints refused" }
+    """
+    m = load_matrix(write(tmp_path, body), display_path="matrix/m.toml")
+    refused = {c.model for c in m.cells() if m.expectation(c).kind == "reject"}
+    assert refused == {"deepseek-v3"}  # llama-3.1-8b is a bf16 checkpoint

@@ -18,6 +18,13 @@ Faults (what a buggy release could ship):
   request's last prefix token (an off-by-one in the verify kernel's prefix).
 * ``merge-ignores-lse``: ``cp_lse_ag_out_rs_mha`` averages the ranks' partial
   outputs instead of weighting them by their LSE.
+* ``decode-scale-x1.25`` / ``decode-scale-x1.05`` / ``extend-scale-x1.05``: the
+  decode (verify) kernel multiplies its ``sm_scale`` by 1.25 or 1.05 (a wrong
+  head dim, a YaRN factor applied twice or forgotten in part).
+* ``decode-drops-last-token``: ``decode_attention_fwd`` reads one token short
+  (each request's newest cached token).
+* ``merge-lse-base2``: ``cp_lse_ag_out_rs_mha`` is handed each rank's LSE in
+  base 2 (a kernel library's convention) and merges it as natural log.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ CASES = {
     "v2lite-tree": ("deepseek-v2-lite", "eagle-4x3", 1, "auto"),
     "v2lite-chain": ("deepseek-v2-lite", "eagle-1x3", 1, "auto"),
     "v2lite-decode-fp8": ("deepseek-v2-lite", "none", 1, "fp8_e4m3"),
+    "v3-decode": ("deepseek-v3", "none", 1, "auto"),
+    "v3-chain-fp8": ("deepseek-v3", "eagle-1x3", 1, "fp8_e4m3"),
     "v2lite-decode-dcp4": ("deepseek-v2-lite", "none", 4, "auto"),
     "llama-decode-dcp4": ("llama-3.1-8b", "none", 4, "auto"),
     "llama-decode": ("llama-3.1-8b", "none", 1, "auto"),
@@ -91,11 +100,51 @@ def _merge_fault(original: Any) -> Any:
     return cp_lse_ag_out_rs_mha
 
 
+def _scaled(original: Any, factor: float) -> Any:
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def scaled(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if bound.arguments.get("sm_scale") is None:
+            raise RuntimeError("fault: the kernel was called without an sm_scale to scale")
+        bound.arguments["sm_scale"] = bound.arguments["sm_scale"] * factor
+        return original(*bound.args, **bound.kwargs)
+
+    return scaled
+
+
+def _decode_short_fault(original: Any) -> Any:
+    def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, *args, **kwargs):
+        kv_indptr, kv_indices = _drop_tokens(kv_indptr, kv_indices, first=False)
+        return original(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, *args, **kwargs)
+
+    return decode_attention_fwd
+
+
+def _merge_base2_fault(original: Any) -> Any:
+    import math
+
+    def cp_lse_ag_out_rs_mha(cp_attn_out, cp_attn_lse, cp_group, return_lse=False):
+        return original(cp_attn_out, cp_attn_lse / math.log(2.0), cp_group, return_lse=return_lse)
+
+    return cp_lse_ag_out_rs_mha
+
+
+_DECODE = ("sglang.kernels.ops.attention.decode_attention", "decode_attention_fwd")
+_EXTEND = ("sglang.kernels.ops.attention.extend_attention", "extend_attention_fwd")
+
 FAULTS = {
     "decode-drops-first-token": ("sglang.kernels.ops.attention.decode_attention", "decode_attention_fwd", _decode_fault),
     "extend-drops-last-prefix-token": ("sglang.kernels.ops.attention.extend_attention", "extend_attention_fwd",
                                        _extend_fault),
     "merge-ignores-lse": ("sglang.srt.layers.dcp.comm", "cp_lse_ag_out_rs_mha", _merge_fault),
+    "decode-scale-x1.25": (*_DECODE, lambda f: _scaled(f, 1.25)),
+    "decode-scale-x1.05": (*_DECODE, lambda f: _scaled(f, 1.05)),
+    "extend-scale-x1.05": (*_EXTEND, lambda f: _scaled(f, 1.05)),
+    "decode-drops-last-token": (*_DECODE, _decode_short_fault),
+    "merge-lse-base2": ("sglang.srt.layers.dcp.comm", "cp_lse_ag_out_rs_mha", _merge_base2_fault),
 }
 
 

@@ -69,6 +69,24 @@ def test_sglang_backend_verifies_and_injected_faults_fail(venv):
     assert status["merge-ignores-lse:v2lite-decode"] == "verified"
 
 
+def test_faults_in_scale_and_length_fail_cells_that_used_to_verify():
+    """The faults the old, nearly flat inputs let through (issue 20): a scale error of 25% or 5% in
+    SGLang's decode or verify kernel, one token short, a base-2 LSE merged as natural log."""
+    rows = drive(
+        ".venv-sglang",
+        "decode-scale-x1.25:v2lite-decode", "decode-scale-x1.05:v2lite-decode", "decode-scale-x1.05:v3-decode",
+        "decode-scale-x1.05:llama-decode", "decode-scale-x1.05:llama-decode-dcp4",
+        "extend-scale-x1.05:v2lite-chain", "extend-scale-x1.05:v3-chain-fp8", "decode-drops-last-token:v3-decode",
+        "merge-lse-base2:llama-decode-dcp4", "decode-scale-x1.05:v2lite-tree",
+    )
+    for scenario, row in rows.items():
+        if scenario == "decode-scale-x1.05:v2lite-tree":  # verify runs the extend kernel: untouched
+            assert row["status"] == "verified", row
+            continue
+        assert row["status"] == "failed" and not row["finding"], row
+        assert row["message"].startswith("out: "), row
+
+
 def test_merge_fault_reaches_distributed_ranks():
     """With --mla-dcp-mode=distributed each rank is its own process running SGLang's own gloo group."""
     rows = drive(".venv-sglang", "none:llama-decode-dcp4", "merge-ignores-lse:llama-decode-dcp4",
