@@ -3,7 +3,9 @@
 #
 #   bash benchmarks/gpu.sh [OUT_DIR]          # default reports/gpu/
 #
-# 1. our Triton kernel's tests, compiled for this GPU (production shapes included);
+# 1. our Triton kernel's tests, compiled for this GPU (production shapes included), then each
+#    float64 kernel emulation (pytest_mla/kernels/emulated) beside the real library kernel on the
+#    same inputs (tests marked gpu_emulation; a library not installed here is a skip, named in the log);
 # 2. matrix/reference.toml on the built-in engine for this host's arch: every accepted
 #    cell whose backend has a kernel here runs it (our Triton kernel; FlashMLA /
 #    FlashInfer MLA / TRT-LLM MLA through their wrappers where installed);
@@ -37,7 +39,8 @@ step() {  # step NAME SECONDS COMMAND...
   [[ $rc == 0 ]] || status=1
 }
 
-step kernel-tests 150 "$PY" -m pytest -p no:cacheprovider -q -x tests/kernels -n "$jobs"
+step kernel-tests 150 "$PY" -m pytest -p no:cacheprovider -q -x tests/kernels -n "$jobs" -m "not gpu_emulation"
+step emulation-agreement 120 "$PY" -m pytest -p no:cacheprovider -q -rs tests/kernels/emulated -m gpu_emulation
 step reference-matrix 120 "$PY" -m pytest -p no:cacheprovider -q --mla-matrix=matrix/reference.toml \
   --mla-arch="$arch" -n "$jobs" --mla-report-dir="$OUT" --mla-report-name="{matrix}-$arch"
 for engine in sglang vllm; do

@@ -1,0 +1,55 @@
+"""Float64 emulations of the compiled MLA kernels the engines call, one module per kernel library.
+
+Each module states its library's contract in its docstring (layouts, paging,
+causal alignment, LSE base, every scale, head padding, what it refuses) and
+exports ``EMULATIONS``: the real callable's ``"module:qualname"`` → the
+emulation. :data:`EMULATIONS` here joins them, so a driver can patch by name
+and a report can list what it replaced. ``glue`` holds the shared pieces and
+:class:`OutOfContractError`, raised for anything an emulation does not model.
+
+Importing this package imports neither torch nor a library: the modules load
+on first attribute access (``EMULATIONS``, ``OutOfContractError``, or a module
+name), from a kernel check only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: The library modules, in the order their entries appear in ``EMULATIONS``.
+LIBRARY_MODULES = ("flashinfer", "flashmla", "flash_attn", "cutlass_mla")
+
+__all__ = ["EMULATIONS", "LIBRARY_MODULES", "OutOfContractError", "emulation_for"]
+
+
+def _registry() -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for name in LIBRARY_MODULES:
+        for key, value in importlib.import_module(f"{__name__}.{name}").EMULATIONS.items():
+            if key in merged:
+                raise RuntimeError(f"two emulations claim {key!r}")
+            merged[key] = value
+    return merged
+
+
+def emulation_for(qualified_name: str) -> Any:
+    """The emulation of the real callable ``"module:qualname"``; ``KeyError`` naming the known ones otherwise."""
+    registry = __getattr__("EMULATIONS")
+    try:
+        return registry[qualified_name]
+    except KeyError:
+        raise KeyError(f"no emulation of {qualified_name!r} (emulated: {', '.join(sorted(registry))})") from None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EMULATIONS":
+        value = _registry()
+    elif name == "OutOfContractError":
+        value = importlib.import_module(f"{__name__}.glue").OutOfContractError
+    elif name in LIBRARY_MODULES or name == "glue":
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
