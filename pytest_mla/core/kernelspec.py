@@ -22,7 +22,9 @@ from typing import Any
 PROTOCOLS = ("mla_decode", "engine")
 #: How DCP ranks run in a check: all in this process, or one ``torch.distributed`` process each.
 DCP_MODES = ("in-process", "distributed")
-LEVELS = ("ours", "backend", "kernel")
+#: ``emulated``: the engine's backend code ran with its innermost compiled calls replaced by float64
+#: emulations of the kernel libraries' contracts (``kernels/emulated``); never shown as a kernel run.
+LEVELS = ("ours", "backend", "kernel", "emulated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +40,7 @@ class KernelSpec:
     #: an fp8-cache check is then held to ``compare.FP8_DOT_TOLERANCES``.
     fp8_dots: bool = False
     protocol: str = "mla_decode"
-    level: str = "ours"  # "ours" (this project's kernel or a library wrapper), "backend", "kernel"
+    level: str = "ours"  # "ours" (this project's kernel or a library wrapper), "backend", "kernel", "emulated"
     function: str | None = None  # the engine function computing attention, "module:qualname"
     package: str | None = None  # the engine's top-level package ("sglang"): frames there are the engine's
     #: Plain, hashable values the engine runner reads (resolved server arguments and the like).

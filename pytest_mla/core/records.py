@@ -27,7 +27,8 @@ class KernelResult(TypedDict, total=False):
     where: str | None  # "interpreter", "sm90", ...; None when it did not run
     reason: str  # why not run
     kernel: str  # the KernelSpec's name
-    level: str  # "ours", "backend" (the engine's backend object), "kernel" (its entry point)
+    level: str  # "ours", "backend" (the engine's backend object), "kernel" (its entry point), "emulated"
+    emulated: list[str]  # level "emulated": the kernel-library callables that ran as emulations, "module:qualname"
     function: str | None  # the engine function that computed attention, "module:qualname"
     functions: list[str]  # every engine function that ran (kernels, merge)
     seed: int

@@ -44,7 +44,12 @@ from .engine_runner import BackendRaised, EngineCannotRun, EngineRunner, RankCon
 #: Recorded on interpreted bf16 checks (see ``interpreter.interpreter_fixes`` and docs/troubleshooting.md).
 BF16_NOTE = "bf16 tl.dot operands widened to fp32 inside Triton's interpreter (bf16_dot_fix)"
 
-__all__ = ["BF16_NOTE", "BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
+#: What a cell whose kernels were emulated did not check (its notes say so).
+EMULATED_NOTE = ("kernels emulated in float64 from the libraries' contracts: the engine's own code around them "
+                 "ran (metadata, page tables, layouts, scales, DCP gather and merge); not checked: the kernels' "
+                 "numerics, CUDA-graph capture and replay, split-KV schedules, fused kernels gated off on this host")
+
+__all__ = ["BF16_NOTE", "EMULATED_NOTE", "BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
 
 
 def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process", where: str = "interpreter",
@@ -126,6 +131,13 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
         "time_s": round(elapsed, 4),
         "message": None if ok else "; ".join(c.message for c in checks if c.message),
     }
+    emulated = sorted({e for r in results for e in r.emulated})
+    if (spec.level == "emulated") != bool(emulated):  # a level is a promise: say exactly what ran
+        raise RuntimeError(f"engine runner {spec.target}: level {spec.level!r} but emulated callables "
+                           f"{emulated or 'none'} ran")
+    if emulated:
+        record["emulated"] = emulated
+        notes.append(EMULATED_NOTE)
     if lse is None:
         notes.append("the engine's path returns no LSE: only the output was compared")
     if where == "interpreter" and case.dtype == "bf16":

@@ -31,6 +31,9 @@ class RankResult:
     heads: tuple[int, int] | None = None  # [start, stop) of the case's query heads; None: all
     functions: tuple[str, ...] = ()  # engine functions that computed / merged, "module:qualname"
     notes: tuple[str, ...] = ()
+    #: Kernel-library callables the engine called that ran as float64 emulations ("module:qualname",
+    #: ``kernels.emulated.install.CallLog.called``); non-empty exactly when the level is "emulated".
+    emulated: tuple[str, ...] = ()
 
 
 EngineRunner = Callable[[DecodeInputs, RankContext, Mapping[str, Any]], RankResult]

@@ -1,0 +1,75 @@
+"""Installing emulations where an engine looks its kernels up, and logging what it called."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+
+import pytest
+
+from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.install import emulations_installed
+
+
+def test_a_missing_library_becomes_importable_with_only_its_emulations():
+    assert importlib.util.find_spec("pytest_mla_nolib") is None
+    registry = {"pytest_mla_nolib.mla:decode": lambda x: x + 1}
+    with emulations_installed(["pytest_mla_nolib.mla:decode"], registry) as log:
+        assert importlib.util.find_spec("pytest_mla_nolib") is not None  # an "is it installed" probe says yes
+        from pytest_mla_nolib.mla import decode, other  # noqa: F401  (engines import names they never call)
+        import pytest_mla_nolib
+
+        assert log.called == []  # installed is not called
+        assert decode(1) == 2 and pytest_mla_nolib.mla.decode(2) == 3
+        assert log.called == ["pytest_mla_nolib.mla:decode"]
+        with pytest.raises(OutOfContractError, match=r"^pytest_mla_nolib\.mla\.other: has no emulation"):
+            other(1)
+
+        class Subclass(pytest_mla_nolib.mla.SomeBase):  # class statements over library bases still import
+            pass
+    assert "pytest_mla_nolib" not in sys.modules and "pytest_mla_nolib.mla" not in sys.modules
+    with pytest.raises(ImportError):
+        importlib.import_module("pytest_mla_nolib")
+
+
+def test_names_bound_by_from_imports_are_rebound_and_restored():
+    lib = types.ModuleType("pytest_mla_reallib")
+
+    def real(x):
+        raise RuntimeError("a CUDA kernel")
+
+    lib.kernel = real
+    user = types.ModuleType("pytest_mla_user")
+    user.kernel = real  # `from pytest_mla_reallib import kernel`
+    sys.modules.update({"pytest_mla_reallib": lib, "pytest_mla_user": user})
+    try:
+        with emulations_installed(["pytest_mla_reallib:kernel"], {"pytest_mla_reallib:kernel": lambda x: -x}) as log:
+            assert user.kernel(3) == -3 and lib.kernel(4) == -4
+            assert log.called == ["pytest_mla_reallib:kernel"]
+        assert user.kernel is real and lib.kernel is real
+    finally:
+        del sys.modules["pytest_mla_reallib"], sys.modules["pytest_mla_user"]
+
+
+def test_classes_are_logged_when_constructed_and_keep_their_name():
+    class Wrapper:
+        def __init__(self, n):
+            self.n = n
+
+    with emulations_installed(["pytest_mla_nolib2:Wrapper"], {"pytest_mla_nolib2:Wrapper": Wrapper}) as log:
+        from pytest_mla_nolib2 import Wrapper as Installed
+
+        assert Installed.__name__ == "Wrapper" and log.called == []
+        assert Installed(5).n == 5 and isinstance(Installed(1), Wrapper)
+        assert log.called == ["pytest_mla_nolib2:Wrapper"]
+
+
+def test_torch_ops_namespaces_get_the_op():
+    import torch
+
+    with emulations_installed(["torch.ops._pytest_mla_C:op"], {"torch.ops._pytest_mla_C:op": lambda: "emulated"}) as log:
+        assert torch.ops._pytest_mla_C.op() == "emulated"
+        assert log.called == ["torch.ops._pytest_mla_C:op"]
+    assert "op" not in torch.ops._pytest_mla_C.__dict__
