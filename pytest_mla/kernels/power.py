@@ -52,7 +52,7 @@ class _Request:
     """One request in float64, with its scaled scores computed once (every fault reuses them)."""
 
     scores: torch.Tensor  # [h_q, s_q, n] q·k · softmax_scale
-    v: torch.Tensor  # [n, h_q, d_v] (each query head's V rows)
+    v: torch.Tensor  # [n, h_kv, d_v] (query head h reads KV head h // (h_q // h_kv))
     visible: torch.Tensor  # [s_q, n] bool: the mask the reference applies
 
 
@@ -65,9 +65,9 @@ def _requests(x: DecodeInputs) -> list[_Request]:
             else k[..., : x.head_dim_v]
         if x.kv_scale is not None:
             k, v = k * x.kv_scale, v * x.kv_scale
-        group = h_q // k.shape[1]
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [n, h_q, d]
-        scores = torch.einsum("ihd,jhd->hij", x.q[i].cpu().to(torch.float64), k) * x.softmax_scale
+        h_kv = k.shape[1]
+        q = x.q[i].cpu().to(torch.float64).reshape(s_q, h_kv, h_q // h_kv, -1)  # [s_q, h_kv, group, d]
+        scores = torch.einsum("ikgd,jkd->kgij", q, k).reshape(h_q, s_q, n) * x.softmax_scale
         pos = torch.arange(n)
         first = n - s_q
         if x.tree_mask is not None:
@@ -88,7 +88,11 @@ def _attend(r: _Request, visible: torch.Tensor, factor: float = 1.0, scores: tor
     s = s.masked_fill(~visible[None], -math.inf)
     lse = torch.logsumexp(s, -1)  # [h, s_q]
     probs = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])
-    return torch.einsum("hij,jhd->ihd", probs, r.v if v is None else v), lse
+    v = r.v if v is None else v  # [n, h_kv, d_v]
+    h_q, s_q, n = probs.shape
+    h_kv = v.shape[1]
+    out = torch.einsum("kgij,jkd->ikgd", probs.reshape(h_kv, h_q // h_kv, s_q, n), v)
+    return out.reshape(s_q, h_q, v.shape[-1]), lse
 
 
 def _batch(reqs: list[_Request], x: DecodeInputs, one: Callable[[int, _Request], tuple[torch.Tensor, torch.Tensor]],

@@ -61,6 +61,8 @@ TARGET = "pytest_mla.engines.sglang.checks:run"
 PACKAGE = "sglang"
 #: Decode backends checked on this host's CPU, under Triton's interpreter.
 INTERPRETED = ("triton",)
+#: Decode backends whose kernels are plain torch: they run on this host's CPU as they are.
+NATIVE = ("torch_native",)
 #: ``--triton-attention-num-kv-splits`` the checks run with (SGLang's default is 8); see docs/engines.md.
 NUM_KV_SPLITS = 2
 #: Where each backend runs for real, and what it needs there (backend -> (archs, modules)).
@@ -74,6 +76,9 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cutedsl_mla": (("sm100",), ("cutlass", "sgl_kernel")),
     "tokenspeed_mla": (("sm100",), ("sgl_kernel",)),
 }
+#: CUDA decode backends whose own code runs here around emulated kernels (``emulation``) when
+#: their GPU is not: every kernel library call they make has an emulation in ``kernels.emulated``.
+EMULATED = ("flashinfer", "fa3", "flashmla", "trtllm_mla", "cutedsl_mla")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
@@ -88,8 +93,8 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
 
     host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
     reason = not_runnable(cell, runner.decode_attention_backend_str, host_arch)
-    if reason is not None:  # nothing more to read: the backend cannot run here
-        return None, reason
+    if reason is not None and runner.decode_attention_backend_str not in EMULATED:
+        return None, reason  # nothing more to read: the backend cannot run here
     tp = int(server_args.tp_size)
     dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
     kv = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(runner.kv_cache_dtype, "auto")
@@ -114,7 +119,8 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     """
     spec = parse_spec(cell.spec)
     reason = not_runnable(cell, decode_backend, host_arch)
-    if reason is not None:
+    emulate = reason is not None and decode_backend in EMULATED
+    if reason is not None and not emulate:
         return None, reason
     dcp = max(cell.dcp, 1)
     options = (
@@ -127,6 +133,10 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         ("speculative", (spec.algorithm, spec.topk, spec.steps, spec.num_draft_tokens) if spec.enabled else None),
         ("num_kv_splits", NUM_KV_SPLITS),
         ("mla", bool(model.mla)),
+        ("emulate", emulate),
+        # the arch the backend's code sees (it branches on it); an interpreted or native check runs
+        # the same on every arch, an emulated one under the cell's faked platform
+        ("arch", cell.arch if emulate else None),
     )
     case = [("h_q", num_heads * dcp), ("page_size", int(page_size)), ("kv_dtype", str(kv_cache_dtype)),
             ("min_seqlen", 1)]
@@ -138,15 +148,15 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     method = "forward_extend" if spec.enabled else "forward_decode"
     name = _class_of(decode_backend)
     return KernelSpec(
-        name=decode_backend, target=TARGET, protocol="engine", level="backend", package=PACKAGE,
-        function=f"{_backend_module(decode_backend)}:{name}.{method}", options=options, case=tuple(case),
-        returns_lse=False, fp8_dots=decode_backend in INTERPRETED,
+        name=decode_backend, target=TARGET, protocol="engine", level="emulated" if emulate else "backend",
+        package=PACKAGE, function=f"{backend_module(decode_backend)}:{name}.{method}", options=options,
+        case=tuple(case), returns_lse=False, fp8_dots=decode_backend in INTERPRETED,
     ), ""
 
 
 def not_runnable(cell: Any, decode_backend: str, host_arch: str | None) -> str | None:
     """Why SGLang's ``decode_backend`` cannot run for ``cell`` on this host (None: it can)."""
-    if decode_backend in INTERPRETED:
+    if decode_backend in INTERPRETED or decode_backend in NATIVE:
         return None
     archs, modules = GPU_BACKENDS.get(decode_backend, ((), ()))
     missing = [m for m in modules if not _importable(m)]
@@ -171,10 +181,12 @@ def _importable(module: str) -> bool:
 def _class_of(backend: str) -> str:
     return {"triton": "TritonAttnBackend", "flashinfer": "FlashInferMLAAttnBackend", "fa3": "FlashAttentionBackend",
             "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
-            "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend"}.get(backend, backend)
+            "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
+            "torch_native": "TorchNativeAttnBackend"}.get(backend, backend)
 
 
-def _backend_module(backend: str) -> str:
+def backend_module(backend: str) -> str:
+    """The module of SGLang's backend class for ``backend`` (``sglang`` when unknown)."""
     return {"triton": "sglang.srt.layers.attention.triton_backend",
             "flashinfer": "sglang.srt.layers.attention.flashinfer_mla_backend",
             "fa3": "sglang.srt.layers.attention.flashattention_backend",
@@ -182,7 +194,8 @@ def _backend_module(backend: str) -> str:
             "cutlass_mla": "sglang.srt.layers.attention.cutlass_mla_backend",
             "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",
             "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
-            "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend"}.get(backend, "sglang")
+            "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
+            "torch_native": "sglang.srt.layers.attention.torch_native_backend"}.get(backend, "sglang")
 
 
 # ---- the engine runner -------------------------------------------------------------------------
@@ -193,12 +206,37 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     from . import pools
 
     engine = pools.load_engine()
+    if not options.get("emulate"):
+        return _run_rank(engine, inputs, ctx, options, None)
+    from ...kernels.emulated.glue import OutOfContractError, OutOfRangeRead
+    from ...kernels.engine_runner import EngineCannotRun
+    from . import emulation
+
+    try:
+        with emulation.scope(engine, dict(options)) as shared:
+            return _run_rank(engine, inputs, ctx, options, shared)
+    except OutOfRangeRead:
+        raise  # SGLang handed the kernel an index it would follow outside the cache: its bug
+    except OutOfContractError as exc:  # a kernel call no emulation models: not a finding, not verified
+        raise EngineCannotRun(f"SGLang's {options['backend']} backend called a kernel outside the emulations' "
+                              f"contracts: {exc}") from None
+
+
+def _run_rank(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any], shared: Any) -> Any:
+    import dataclasses
+
+    from . import pools
+
     with _ADAPTER_STAGE("set up SGLang for the check"):
         rank = pools.RankSetup.build(engine, inputs, ctx, options)
     try:
-        return rank.compute()
+        result = rank.compute()
     finally:
         rank.close()
+    if shared is None:
+        return result
+    return dataclasses.replace(result, emulated=tuple(shared.log.called),
+                               notes=tuple(result.notes) + tuple(shared.notes()))
 
 
 class _AdapterStage:
@@ -210,9 +248,11 @@ class _AdapterStage:
     @staticmethod
     @contextlib.contextmanager
     def _stage(what: str) -> Iterator[None]:
+        from ...kernels.emulated.glue import OutOfContractError
+
         try:
             yield
-        except AdapterError:
+        except (AdapterError, OutOfContractError):  # an emulation's refusal is the run's verdict, not ours
             raise
         except Exception as exc:
             from .support import adapter_error

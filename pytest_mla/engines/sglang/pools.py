@@ -399,9 +399,11 @@ class RankSetup:
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.pool,
             token_to_kv_pool_allocator=self.allocator, kv_index_translator=self.translator,
             sliding_window_size=None, page_size=self.options["page_size"], is_draft_worker=False,
-            spec_algorithm=algorithm, kv_cache_dtype=self.kv_dtype, dtype=self.dtype, device=str(self.device),
+            spec_algorithm=algorithm, kv_cache_dtype=self.kv_dtype, kv_cache_dtype_str=self.options["kv_cache_dtype"],
+            dtype=self.dtype, device=str(self.device),
             gpu_id=self.device.index or 0, use_mla_backend=self.options["mla"], init_new_workspace=False,
             is_hybrid_swa=False, attention_chunk_size=None, mambaish_config=None,
+            max_running_requests=self.req_to_token_pool.size,
         )
         runner.decode_num_tokens_per_req = types.MethodType(engine.model_runner_cls.decode_num_tokens_per_req, runner)
         return runner
@@ -637,8 +639,12 @@ class RankSetup:
         return k_new, (torch.cat(vs) if vs else None)
 
     def notes(self) -> list[str]:
-        notes = [f"sglang {self.engine.version}: {type(self.backend).__name__} built by SGLang's factory with "
-                 f"--triton-attention-num-kv-splits {self.options['num_kv_splits']}"]
+        built = f"sglang {self.engine.version}: {type(self.backend).__name__} built by SGLang's factory"
+        if self.options["backend"] == "triton":
+            built += f" with --triton-attention-num-kv-splits {self.options['num_kv_splits']}"
+        if self.options.get("emulate"):
+            built += f", on a CPU host stated to SGLang as an {self.options['arch']} GPU (runtime_context platform facts)"
+        notes = [built]
         notes += self._notes
         if self.inputs.kv_scale is not None:
             k_scale = getattr(self.layer, "k_scale_float", None)

@@ -277,6 +277,19 @@ def _known_platform_facts(rc: Any) -> set[str] | None:
     return None
 
 
+def platform_fact_names(rc: Any, version: str | None) -> set[str]:
+    """The facts to set: every one the release knows; AdapterError for one the adapter cannot derive."""
+    derivable = platform_facts("sm90")
+    known = _known_platform_facts(rc)
+    if known is None:  # no tables to read: ask override_platform about each fact it might take
+        return {name for name, value in derivable.items() if _accepts_fact(rc, name, value)}
+    unknown = sorted(known - set(derivable))
+    if unknown:
+        raise AdapterError("platform", f"SGLang knows platform fact(s) {unknown} that the adapter cannot "
+                           "derive from a GPU arch", engine=ENGINE, version=version)
+    return known
+
+
 def _accepts_fact(rc: Any, name: str, value: Any) -> bool:
     """Whether ``override_platform`` accepts one fact (SGLang raises ``ValueError: unknown platform fact(s)``)."""
     try:
@@ -393,17 +406,7 @@ class SGLangEngine:
 
     # -- the cell's platform --------------------------------------------------------------
     def _platform_fact_names(self) -> set[str]:
-        """The facts to set: every one the release knows; AdapterError for one the adapter cannot derive."""
-        rc = self._sg.rc
-        derivable = platform_facts("sm90")
-        known = _known_platform_facts(rc)
-        if known is None:  # no tables to read: ask override_platform about each fact it might take
-            return {name for name, value in derivable.items() if _accepts_fact(rc, name, value)}
-        unknown = sorted(known - set(derivable))
-        if unknown:
-            raise AdapterError("platform", f"SGLang knows platform fact(s) {unknown} that the adapter cannot "
-                               "derive from a GPU arch", engine=ENGINE, version=self.version)
-        return known
+        return platform_fact_names(self._sg.rc, self.version)
 
     def facts(self, arch: str) -> dict[str, Any]:
         """The platform facts of ``arch`` that the installed release knows."""

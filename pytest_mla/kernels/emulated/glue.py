@@ -35,6 +35,7 @@ import torch
 __all__ = [
     "LN2",
     "OutOfContractError",
+    "OutOfRangeRead",
     "as_float64",
     "attend",
     "bottom_right_visible",
@@ -57,6 +58,12 @@ class OutOfContractError(Exception):
         super().__init__(f"{flag}: {self.message}")
 
 
+class OutOfRangeRead(OutOfContractError):
+    """The caller handed the kernel an index it would follow outside the cache: on a GPU it reads
+    another request's rows or unmapped memory. Unlike other contract breaks this is the caller's
+    bug, not a case the emulation does not model (a driver reports it as the engine's finding)."""
+
+
 def check_dtype(flag: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
     """Raise unless ``tensor.dtype`` is one of ``allowed``."""
     if tensor.dtype not in allowed:
@@ -73,7 +80,7 @@ def check_index_range(flag: str, indices: torch.Tensor, upper: int) -> None:
     if bool(bad.any()):
         where = int(bad.nonzero()[0].item()) if idx.dim() == 1 else tuple(int(v) for v in bad.nonzero()[0])
         value = int(idx.flatten()[bad.flatten().nonzero()[0]].item())
-        raise OutOfContractError(flag, f"index {value} at {where} is outside [0, {upper}): the kernel would read "
+        raise OutOfRangeRead(flag, f"index {value} at {where} is outside [0, {upper}): the kernel would read "
                                        "unmapped or foreign rows")
 
 

@@ -8,14 +8,21 @@ for the duration of a ``with emulations_installed(names) as log:`` block:
   (with its parent packages and a module spec, so ``importlib.util.find_spec``
   finds it and an engine's "is the library available" probe says yes). It
   holds the emulations; any other name it is asked for is a placeholder that
-  raises :class:`OutOfContractError` naming ``module.name`` when called, so
-  importing an engine module works and only a kernel without an emulation stops.
+  raises :class:`OutOfContractError` naming ``module.name`` when called (a
+  class name builds an inert instance whose methods raise so), so importing an
+  engine module and building its unused wrappers works, and only a kernel
+  without an emulation stops.
 * a module that exists (``vllm._custom_ops``, or a stand-in an adapter put
   there earlier): the attribute is replaced on it;
 * ``torch.ops.<namespace>.<op>``: the op is set on the namespace object.
 
 Modules that bound the previous object by name (``from x import y`` at import
-time) are rebound too, and everything is put back afterwards. Every call of an
+time) are rebound too. An engine module imported while the library was absent
+skipped its guarded ``if library_available(): from library import A, B``:
+with ``late_imports=("sglang",)`` the names such module-level imports of a
+stood-in library would have bound are bound now, in the loaded modules of those
+packages, where still missing — what the import does on a host that has the
+library. Everything is put back afterwards. Every call of an
 emulation is logged as its ``"module:qualname"`` (``log.called``): that list
 is what a cell's record names as emulated — never the list of what was merely
 installed.
@@ -54,6 +61,8 @@ class _Placeholder:
         self._qualified = qualified
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._qualified.rpartition(".")[2][:1].isupper():  # a class: constructing it is no kernel call
+            return _Inert(self._qualified)
         raise OutOfContractError(self._qualified, "has no emulation (pytest_mla.kernels.emulated)")
 
     def __getattr__(self, name: str) -> Any:
@@ -68,25 +77,57 @@ class _Placeholder:
         return f"<no emulation: {self._qualified}>"
 
 
-class _StandIn(types.ModuleType):
-    """A kernel library module that is not installed here, holding only emulations."""
+class _Inert:
+    """An instance of a library class without an emulation (an engine builds wrappers it may not use):
+    any method it is asked to run is refused, naming it."""
+
+    def __init__(self, qualified: str) -> None:
+        object.__setattr__(self, "_qualified", qualified)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        return _Placeholder(f"{self._qualified}.{name}")
+
+    def __repr__(self) -> str:
+        return f"<no emulation: {self._qualified} instance>"
+
+
+class _StandIn(types.ModuleType):
+    """A kernel library module that is not installed here, holding only emulations.
+
+    A package re-exports its submodules' emulations (``flashinfer`` exports
+    ``flashinfer.mla.BatchMLAPagedAttentionWrapper``, as the library's
+    ``__init__`` does); any other name is a placeholder.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        prefix = self.__name__ + "."
+        for module_name, module in list(_STAND_INS.items()):
+            if module_name.startswith(prefix) and sys.modules.get(module_name) is module and name in module.__dict__:
+                return module.__dict__[name]
         return _Placeholder(f"{self.__name__}.{name}")
 
 
-def _logged(name: str, target: Any, log: CallLog) -> Any:
-    if isinstance(target, type):
-        class Logged(target):  # type: ignore[misc, valid-type]
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                log.note(name)
-                super().__init__(*args, **kwargs)
+#: Stand-ins alive, by module name (a package's re-export lookup scans these, not all of sys.modules).
+_STAND_INS: dict[str, _StandIn] = {}
 
-        Logged.__name__ = Logged.__qualname__ = target.__name__
-        Logged.__module__ = target.__module__
-        return Logged
+
+def _logged(name: str, target: Any, log: CallLog) -> Any:
+    if isinstance(target, type):  # a library class: it ran once one of its public methods ran
+        def method(attr: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                log.note(name)
+                return fn(self, *args, **kwargs)
+            return call
+
+        members = {attr: method(attr, fn) for klass in reversed(target.__mro__[:-1])
+                   for attr, fn in vars(klass).items() if not attr.startswith("_") and callable(fn)}
+        return type(target.__name__, (target,), {**members, "__module__": target.__module__,
+                                                  "__qualname__": target.__qualname__})
 
     @functools.wraps(target)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -129,6 +170,8 @@ def _module(path: str, patches: _Patches) -> Any:
     module.__path__ = []  # a package: its submodules can be stand-ins too
     module.__file__ = f"<pytest-mla emulated {path}>"
     patches.module(path, module)
+    _STAND_INS[path] = module
+    patches._undo.append(lambda: _STAND_INS.pop(path, None))
     if parent is not None:
         patches.set(parent, leaf, module)
     return module
@@ -149,9 +192,90 @@ def _rebind(previous: Any, name: str, value: Any, patches: _Patches) -> None:
             patches.set(module, name, value)
 
 
+_IMPORTS_CACHE: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+
+
+def _module_level_imports(module: types.ModuleType, libraries: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+    """Cached per module file; a module whose source names none of ``libraries`` is not parsed."""
+    import inspect
+
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return []
+    libraries = tuple(libraries)
+    if libraries and not any(library in source for library in libraries):
+        return []
+    key = (module.__name__, getattr(module, "__file__", None) or "")
+    if key not in _IMPORTS_CACHE:
+        _IMPORTS_CACHE[key] = _parse_module_level_imports(source)
+    return _IMPORTS_CACHE[key]
+
+
+def _parse_module_level_imports(source: str) -> list[tuple[str, str, str]]:
+    """``(library module, name, bound as)`` of every ``from X import name`` and ``import X`` (name "")
+    at module level (inside top-level ``if``/``try`` blocks too; never inside functions or classes)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found: list[tuple[str, str, str]] = []
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.extend((node.module, a.name, a.asname or a.name) for a in node.names)
+            elif isinstance(node, ast.Import):  # `import x.y` binds x; `import x.y as z` binds z to x.y
+                for a in node.names:
+                    if a.asname:
+                        parent, _, leaf = a.name.rpartition(".")
+                        found.append((parent, leaf, a.asname) if parent else (a.name, "", a.asname))
+                    else:
+                        found.append((a.name.split(".")[0], "", a.name.split(".")[0]))
+            elif isinstance(node, (ast.If, ast.Try)):
+                for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
+                              *[h.body for h in getattr(node, "handlers", [])]):
+                    walk(block)
+
+    walk(tree.body)
+    return found
+
+
+def _bind_late_imports(packages: Iterable[str], stood_in: set[str], patches: _Patches) -> None:
+    prefixes = tuple(packages)
+    for name, module in list(sys.modules.items()):
+        if module is None or isinstance(module, _StandIn):
+            continue
+        if not any(name == p or name.startswith(p + ".") for p in prefixes):
+            continue
+        imports = [i for i in _module_level_imports(module, stood_in) if i[0].split(".")[0] in stood_in]
+        for library, attr, bound_as in imports:
+            if bound_as in module.__dict__:
+                continue
+            source = sys.modules.get(library) or _PlaceholderModule(library)
+            patches.set(module, bound_as, getattr(source, attr) if attr else source)
+
+
+class _PlaceholderModule:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, name: str) -> Any:
+        return _Placeholder(f"{self._name}.{name}")
+
+
 @contextlib.contextmanager
-def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None = None) -> Iterator[CallLog]:
-    """Install the emulations of ``names`` (``"module:qualname"`` keys of ``EMULATIONS``) for the block."""
+def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None = None, *,
+                         late_imports: Iterable[str] = (), preload: Iterable[str] = ()) -> Iterator[CallLog]:
+    """Install the emulations of ``names`` (``"module:qualname"`` keys of ``EMULATIONS``) for the block.
+
+    ``preload``: engine modules to import once the libraries are importable
+    (a backend module that imports its library unguarded); ``late_imports``:
+    packages (``"sglang"``) whose loaded modules then get the names their
+    module-level imports of a stood-in library would have bound.
+    """
     if registry is None:
         from . import EMULATIONS as registry  # noqa: N811 (the package's lazy registry)
     log = CallLog()
@@ -170,6 +294,11 @@ def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None =
             previous = module.__dict__.get(attr) if not isinstance(module, _StandIn) else None
             patches.set(module, attr, value)
             _rebind(previous, attr, value, patches)
+        for module_name in preload:
+            importlib.import_module(module_name)
+        stood_in = {n.split(".")[0] for n, m in sys.modules.items() if isinstance(m, _StandIn)}
+        if late_imports and stood_in:
+            _bind_late_imports(late_imports, stood_in, patches)
         yield log
     finally:
         patches.undo()

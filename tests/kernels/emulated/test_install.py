@@ -53,17 +53,20 @@ def test_names_bound_by_from_imports_are_rebound_and_restored():
         del sys.modules["pytest_mla_reallib"], sys.modules["pytest_mla_user"]
 
 
-def test_classes_are_logged_when_constructed_and_keep_their_name():
+def test_classes_are_logged_when_a_method_runs_not_when_built_and_keep_their_name():
     class Wrapper:
         def __init__(self, n):
             self.n = n
 
+        def run(self, x):
+            return self.n * x
+
     with emulations_installed(["pytest_mla_nolib2:Wrapper"], {"pytest_mla_nolib2:Wrapper": Wrapper}) as log:
         from pytest_mla_nolib2 import Wrapper as Installed
 
-        assert Installed.__name__ == "Wrapper" and log.called == []
-        assert Installed(5).n == 5 and isinstance(Installed(1), Wrapper)
-        assert log.called == ["pytest_mla_nolib2:Wrapper"]
+        built = Installed(5)
+        assert Installed.__name__ == "Wrapper" and isinstance(built, Wrapper) and log.called == []
+        assert built.run(2) == 10 and log.called == ["pytest_mla_nolib2:Wrapper"]
 
 
 def test_torch_ops_namespaces_get_the_op():
@@ -73,3 +76,52 @@ def test_torch_ops_namespaces_get_the_op():
         assert torch.ops._pytest_mla_C.op() == "emulated"
         assert log.called == ["torch.ops._pytest_mla_C:op"]
     assert "op" not in torch.ops._pytest_mla_C.__dict__
+
+
+def test_guarded_imports_skipped_without_the_library_are_bound_late(tmp_path, monkeypatch):
+    (tmp_path / "pytest_mla_engine_pkg").mkdir()
+    (tmp_path / "pytest_mla_engine_pkg" / "__init__.py").write_text("")
+    (tmp_path / "pytest_mla_engine_pkg" / "backend.py").write_text(
+        "import importlib.util\n"
+        "if importlib.util.find_spec('pytest_mla_nolib3') is not None:\n"
+        "    from pytest_mla_nolib3.mla import Wrapper, helper as h\n"
+        "    import pytest_mla_nolib3\n"
+        "    import pytest_mla_nolib3.mla as mla\n"
+        "def build(n):\n"
+        "    return Wrapper(n)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pytest_mla_engine_pkg.backend as backend
+
+    assert not hasattr(backend, "Wrapper")  # imported on a host without the library
+
+    class Wrapper:
+        def __init__(self, n):
+            self.n = n
+
+        def run(self):
+            return self.n
+
+    names = ["pytest_mla_nolib3.mla:Wrapper"]
+    with emulations_installed(names, {names[0]: Wrapper}, late_imports=("pytest_mla_engine_pkg",)) as log:
+        assert backend.build(3).run() == 3 and log.called == names
+        assert backend.pytest_mla_nolib3.mla.Wrapper is backend.Wrapper and backend.mla.Wrapper is backend.Wrapper
+        with pytest.raises(OutOfContractError, match="pytest_mla_nolib3.mla.helper"):
+            backend.h()
+    assert not any(hasattr(backend, n) for n in ("Wrapper", "h", "mla", "pytest_mla_nolib3"))
+
+
+def test_a_library_class_without_emulation_builds_but_refuses_to_run():
+    with emulations_installed(["pytest_mla_nolib4:decode"], {"pytest_mla_nolib4:decode": lambda: 1}):
+        from pytest_mla_nolib4 import PrefillWrapper
+
+        wrapper = PrefillWrapper(workspace=None)  # an engine builds it in its constructor
+        with pytest.raises(OutOfContractError, match=r"^pytest_mla_nolib4\.PrefillWrapper\.run: has no emulation"):
+            wrapper.run(1, 2)
+
+
+def test_a_stood_in_package_re_exports_its_submodules_emulations():
+    names = ["pytest_mla_nolib5.mla:Wrapper"]
+    with emulations_installed(names, {names[0]: lambda: "w"}) as log:
+        from pytest_mla_nolib5 import Wrapper  # flashinfer exports its mla wrapper at the top
+
+        assert Wrapper() == "w" and log.called == names  # a function: logged when called
