@@ -255,6 +255,8 @@ class _AdapterStage:
         except (AdapterError, OutOfContractError):  # an emulation's refusal is the run's verdict, not ours
             raise
         except Exception as exc:
+            if getattr(exc, "mla_engine_raised", False):  # SGLang's own code raised (pools marks it): a finding
+                raise
             from .support import adapter_error
 
             raise adapter_error(what, f"{type(exc).__name__}: {exc}") from exc

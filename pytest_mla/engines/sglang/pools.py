@@ -225,6 +225,17 @@ class InProcessGroup:
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         return self._after(self._c.all_reduce(input_.contiguous()))
 
+    def all_to_all_single(self, output: torch.Tensor, input_: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``torch.distributed.all_to_all_single`` with equal splits: chunk ``j`` of ``input_`` (along
+        dim 0) goes to rank ``j``; chunk ``i`` of ``output`` comes from rank ``i``."""
+        if args or any(kwargs.get(k) is not None for k in ("output_split_sizes", "input_split_sizes")):
+            raise NotImplementedError("pytest-mla's in-process DCP group: all_to_all_single with uneven splits")
+        parts = self._c.all_gather(input_.contiguous())
+        world, rank = self.world_size, self.rank_in_group
+        received = [part.reshape(world, -1)[rank] for part in parts]
+        output.copy_(torch.cat(received).reshape(output.shape))
+        self._after(None)
+
     def reduce_scatter_along_dim(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         total = self._c.all_reduce(input_.contiguous())
         return self._after(total.chunk(self.world_size, dim=dim)[self.rank_in_group].contiguous())
@@ -305,6 +316,7 @@ class RankSetup:
         try:
             self.group = self._make_group()
             self.activate()
+            self._pre_initialize_dcp_exchange()
             self.spec = options.get("speculative")
             self._build_pools()
             self._build_backend()
@@ -327,6 +339,22 @@ class RankSetup:
             return sglang_group(collectives)
         return InProcessGroup(collectives, self.activate)
 
+    def _pre_initialize_dcp_exchange(self) -> None:
+        """What the model runner does before graph capture for ``--dcp-comm-backend fi_a2a`` (SGLang's
+        default on a single-node Blackwell DCP group): FlashInfer's MNNVL all-to-all workspace."""
+        parallel = self._parallel
+        if self.group is None or getattr(parallel, "dcp_comm_backend", None) != "fi_a2a":
+            return
+        try:
+            from sglang.srt.layers.dcp import init_fi_a2a_workspace
+        except ImportError:
+            return  # a release without it
+        comm = importlib.import_module("sglang.srt.layers.dcp.comm")
+        comm._FI_A2A_STATE = None  # one per check (SGLang keeps one per process)
+        init_fi_a2a_workspace(self.group)
+        self._notes.append("DCP exchange: --dcp-comm-backend fi_a2a (FlashInfer's MNNVL all-to-all), "
+                           "its workspace initialised as the model runner does")
+
     def rank_fields(self) -> dict[str, Any]:
         r = self.rank
         fields: dict[str, Any] = {"tp_rank": r, "attn_tp_rank": r, "dcp_rank": r, "attn_dcp_rank": r,
@@ -336,8 +364,13 @@ class RankSetup:
         return fields
 
     def activate(self) -> None:
-        """State this rank's place on SGLang's ``ParallelContext`` (its scoped overrides)."""
+        """State this rank's place on SGLang's ``ParallelContext`` (its scoped overrides) and, while it
+        computes, its own ``ForwardContext``: SGLang keeps the active one in a module global, and the
+        in-process ranks take turns in one process (each would otherwise read the last rank's)."""
         self._parallel._overrides = {**_baseline[0], **self.rank_fields()}
+        forward = getattr(self, "_forward", None)
+        if forward is not None:
+            self.engine.forward_context.set_forward_context(forward)
 
     def close(self) -> None:
         _leave_ranks(self._parallel)
@@ -404,6 +437,9 @@ class RankSetup:
             gpu_id=self.device.index or 0, use_mla_backend=self.options["mla"], init_new_workspace=False,
             is_hybrid_swa=False, attention_chunk_size=None, mambaish_config=None,
             max_running_requests=self.req_to_token_pool.size,
+            decode_attention_backend_str=self.options["backend"],
+            prefill_attention_backend_str=getattr(self.published.server_args, "prefill_attention_backend", None)
+            or self.options["backend"],
         )
         runner.decode_num_tokens_per_req = types.MethodType(engine.model_runner_cls.decode_num_tokens_per_req, runner)
         return runner
@@ -412,7 +448,23 @@ class RankSetup:
         engine = self.engine
         self.runner = self._runner()
         factory = engine.registry.ATTENTION_BACKENDS[self.options["backend"]]
-        self.backend = factory(self.runner)
+        try:
+            self.backend = factory(self.runner)
+        except AttributeError as exc:
+            missing_on = getattr(exc, "obj", None)
+            if missing_on is self.runner:  # a field our model-runner stand-in lacks: ours
+                raise adapter_error("kernel check", f"SGLang's {self.options['backend']} backend reads "
+                                                    f"model_runner.{exc.name}, which the check's model-runner "
+                                                    "stand-in does not have") from None
+            if type(missing_on).__module__.startswith("pytest_mla"):  # one of our host or library stand-ins
+                raise adapter_error("kernel check", f"SGLang's {self.options['backend']} backend reads "
+                                                    f"{type(missing_on).__name__}.{exc.name}, which pytest-mla's "
+                                                    "stand-in does not have") from None
+            exc.mla_engine_raised = True  # SGLang's constructor itself raised: at start-up, a finding
+            raise
+        except Exception as exc:
+            exc.mla_engine_raised = True
+            raise
         inputs = self.inputs
         heads_local = inputs.q.shape[2] // self.world
         self.heads = (self.rank * heads_local, (self.rank + 1) * heads_local)
@@ -527,7 +579,14 @@ class RankSetup:
         batch = types.SimpleNamespace(out_cache_loc=loc, out_cache_loc_is_physical=False, positions=positions,
                                       dcp_kv_mask=None)
         loc_info = _write_loc(loc)
-        self.backend._set_kv_buffer(batch, self.layer, loc_info, k_in, v_in, self.layer.k_scale, self.layer.v_scale)
+        if hasattr(self.backend, "_set_kv_buffer"):
+            self.backend._set_kv_buffer(batch, self.layer, loc_info, k_in, v_in, self.layer.k_scale,
+                                        self.layer.v_scale)
+        elif self.world == 1:  # the pool's own door, as a backend without a write helper of its own uses it
+            self.pool.set_kv_buffer(self.layer, loc_info, k_in, v_in, self.layer.k_scale, self.layer.v_scale)
+        else:
+            raise adapter_error("kernel check", f"{type(self.backend).__name__} has no DCP-aware KV write of its "
+                                                "own (_set_kv_buffer) the check could write cached tokens through")
 
     def _write_mla(self, loc: torch.Tensor, k: torch.Tensor) -> None:
         """MLA rows: the backend's own door without DCP; under DCP ``set_mla_kv_buffer``, which applies the owner rule."""
@@ -597,18 +656,22 @@ class RankSetup:
         q = torch.stack([inputs.q[i, order[i], h0:h1] for i in range(b)]).reshape(b * s_q, h1 - h0, d_qk)
         k_new, v_new = self._new_kv(order)
         fctx = engine.forward_context
-        context = fctx.forward_context(fctx.ForwardContext(attn_backend=self.backend))
+        self._forward = fctx.ForwardContext(attn_backend=self.backend)
+        context = fctx.forward_context(self._forward)
         self.activate()
-        with context:
-            self.backend.init_forward_metadata(self.forward_batch)
-            if self.options["mla"]:
-                from .model import deepseek_attention
+        try:
+            with context:
+                self.backend.init_forward_metadata(self.forward_batch)
+                if self.options["mla"]:
+                    from .model import deepseek_attention
 
-                out, functions = deepseek_attention(self, q, k_new)
-            else:
-                out = self.layer(q.reshape(b * s_q, -1), k_new.reshape(b * s_q, -1), v_new.reshape(b * s_q, -1),
-                                 self.forward_batch)
-                functions = ("sglang.srt.layers.radix_attention:RadixAttention.forward",)
+                    out, functions = deepseek_attention(self, q, k_new)
+                else:
+                    out = self.layer(q.reshape(b * s_q, -1), k_new.reshape(b * s_q, -1),
+                                     v_new.reshape(b * s_q, -1), self.forward_batch)
+                    functions = ("sglang.srt.layers.radix_attention:RadixAttention.forward",)
+        finally:
+            self._forward = None
         out = out.reshape(b, s_q, h1 - h0, inputs.head_dim_v)
         result = torch.empty_like(out)
         for i in range(b):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.abc
 import importlib.machinery
 import sys
 import types
@@ -115,12 +116,25 @@ class _StandIn(types.ModuleType):
 _STAND_INS: dict[str, _StandIn] = {}
 
 
+#: The call log of the installation in force. Engines cache kernel handles across checks (SGLang's
+#: ``cache_once`` loaders): a handle taken in an earlier check still reports to the current one, and
+#: one called outside any installation refuses to run (it would compute unasked).
+_CURRENT: list[CallLog] = []
+
+
+def _note(name: str) -> None:
+    if not _CURRENT:
+        raise OutOfContractError(name, "an emulation kept from an earlier check was called outside one "
+                                       "(pytest_mla.kernels.emulated.install)")
+    _CURRENT[-1].note(name)
+
+
 def _logged(name: str, target: Any, log: CallLog) -> Any:
     if isinstance(target, type):  # a library class: it ran once one of its public methods ran
         def method(attr: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(fn)
             def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-                log.note(name)
+                _note(name)
                 return fn(self, *args, **kwargs)
             return call
 
@@ -131,7 +145,7 @@ def _logged(name: str, target: Any, log: CallLog) -> Any:
 
     @functools.wraps(target)
     def call(*args: Any, **kwargs: Any) -> Any:
-        log.note(name)
+        _note(name)
         return target(*args, **kwargs)
 
     return call
@@ -175,6 +189,29 @@ def _module(path: str, patches: _Patches) -> Any:
     if parent is not None:
         patches.set(parent, leaf, module)
     return module
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import flashinfer.comm.x`` of a stood-in library: a stand-in submodule (its names placeholders),
+    as the installed library would have one. Last on ``sys.meta_path``: a real module always wins."""
+
+    def __init__(self, roots: set[str]) -> None:
+        self.roots = roots
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        module = _StandIn(spec.name)
+        module.__path__ = []
+        module.__file__ = f"<pytest-mla emulated {spec.name}>"
+        _STAND_INS[spec.name] = module
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
 
 
 def _rebind(previous: Any, name: str, value: Any, patches: _Patches) -> None:
@@ -280,6 +317,8 @@ def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None =
         from . import EMULATIONS as registry  # noqa: N811 (the package's lazy registry)
     log = CallLog()
     patches = _Patches()
+    _CURRENT.append(log)
+    patches._undo.insert(0, lambda: _CURRENT.remove(log))
     try:
         for qualified in names:
             path, _, attr = qualified.partition(":")
@@ -294,6 +333,19 @@ def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None =
             previous = module.__dict__.get(attr) if not isinstance(module, _StandIn) else None
             patches.set(module, attr, value)
             _rebind(previous, attr, value, patches)
+        roots = {path.split(".")[0] for path, module in _STAND_INS.items() if sys.modules.get(path) is module}
+        if roots:
+            finder = _StandInFinder(roots)
+            sys.meta_path.append(finder)
+
+            def forget() -> None:
+                sys.meta_path.remove(finder)
+                for name in [n for n in sys.modules if n.split(".")[0] in roots]:
+                    if isinstance(sys.modules[name], _StandIn):
+                        del sys.modules[name]
+                        _STAND_INS.pop(name, None)
+
+            patches._undo.append(forget)
         for module_name in preload:
             importlib.import_module(module_name)
         stood_in = {n.split(".")[0] for n, m in sys.modules.items() if isinstance(m, _StandIn)}

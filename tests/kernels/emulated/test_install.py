@@ -125,3 +125,26 @@ def test_a_stood_in_package_re_exports_its_submodules_emulations():
         from pytest_mla_nolib5 import Wrapper  # flashinfer exports its mla wrapper at the top
 
         assert Wrapper() == "w" and log.called == names  # a function: logged when called
+
+
+def test_any_submodule_of_a_stood_in_library_imports_and_its_names_refuse_to_run():
+    names = ["pytest_mla_nolib6.mla:decode"]
+    with emulations_installed(names, {names[0]: lambda: 1}):
+        from pytest_mla_nolib6.comm.alltoall import exchange  # a submodule no emulation covers
+
+        with pytest.raises(OutOfContractError, match=r"^pytest_mla_nolib6\.comm\.alltoall\.exchange: has no emulation"):
+            exchange()
+    assert not any(n.startswith("pytest_mla_nolib6") for n in sys.modules)
+    with pytest.raises(ImportError):
+        importlib.import_module("pytest_mla_nolib6.comm")
+
+
+def test_a_handle_cached_in_an_earlier_check_reports_to_the_current_one_and_refuses_outside():
+    names = ["pytest_mla_nolib7:kernel"]
+    registry = {names[0]: lambda: 7}
+    with emulations_installed(names, registry):
+        from pytest_mla_nolib7 import kernel as cached  # an engine's cache_once loader keeps this
+    with emulations_installed(names, registry) as log:
+        assert cached() == 7 and log.called == names
+    with pytest.raises(OutOfContractError, match="outside one"):
+        cached()
