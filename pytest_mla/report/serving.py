@@ -11,12 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from ..core.models import BUILTIN_MODELS, ModelConfig
 from ..core.spec import parse_spec
 
-__all__ = ["CHECKPOINTS", "ServerPhase", "serve_argv", "serve_command", "server_phase", "step_of"]
+__all__ = ["CHECKPOINTS", "ServerPhase", "display_name", "serve_argv", "serve_command", "server_phase", "step_of"]
+
+#: How the engines spell their names.
+DISPLAY_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+
+
+def display_name(engine: str) -> str:
+    return DISPLAY_NAMES.get(engine, engine)
 
 #: The public checkpoint of each catalogue model (what ``--model-path`` names).
 CHECKPOINTS = {
@@ -140,7 +147,3 @@ def server_phase(engine: str, step: str) -> ServerPhase:
     return ServerPhase("not traced", f"when a {engine} server meets it was not traced",
                        f"not traced for {engine}: at the latest its first {what} step; a start-up CUDA-graph "
                        "capture may meet it earlier")
-
-
-def quote_argv(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
