@@ -203,3 +203,31 @@ def test_the_cli_module_stays_light():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_engines_runs_scripts_in_each_environment_relative_paths_included(tmp_path, monkeypatch, capsys):
+    """runs.py on stand-in environments: a venv folder (bin/python) and an executable, given relative to
+    the working folder; the outcome line is parsed, a script that prints none is 'could not run'."""
+    from pytest_mla.report.repro.runs import run_all
+
+    venv = tmp_path / "venv-a" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    script = tmp_path / "repro.py"
+    script.write_text("import json, os, sys\n"
+                      "assert not any('pytest_mla' in p for p in sys.path if p), sys.path\n"
+                      "print('PYTEST_MLA_REPRO ' + json.dumps({'status': 'reproduced', 'engine': 'sglang', "
+                      "'version': '9.9', 'error': 'AssertionError', 'same': True, 'frames': ['a:b (line 1)']}))\n"
+                      "sys.exit(1)\n")
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit('no engine here')\n")
+    monkeypatch.chdir(tmp_path)
+    first, second = run_all(script.name, ["venv-a", "venv-a/bin/python"], timeout_s=60)
+    assert (first.status, first.exit_code, first.version, first.error, first.frames) == (
+        "reproduced", 1, "9.9", "AssertionError", ("a:b (line 1)",))
+    assert first.summary().startswith("SGLang 9.9 (venv-a): reproduced, AssertionError, exit 1, ")
+    assert second.environment == "venv-a/bin/python" and second.status == "reproduced"
+    (failed,) = run_all(broken.name, ["venv-a"], timeout_s=60)
+    assert (failed.status, failed.exit_code, failed.message) == ("could not run", 1, "no engine here")
+    err = capsys.readouterr().err
+    assert "pytest-mla repro: SGLang 9.9 (venv-a): reproduced" in err and "could not run: no engine here" in err

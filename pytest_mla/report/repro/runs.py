@@ -67,7 +67,7 @@ class EngineRun:
 
 def python_of(environment: str) -> Path:
     """The interpreter of a virtual environment folder, or the executable itself; ValueError when neither."""
-    path = Path(environment)
+    path = Path(os.path.abspath(environment))  # absolute, symlinks kept: a venv's python is a link to its base
     if path.is_dir():
         for candidate in (path / "bin" / "python", path / "Scripts" / "python.exe"):
             if candidate.exists():
