@@ -418,6 +418,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
     document = _read(args.result)
     environments = list(args.engines or [])
+    if "auto" in environments:
+        from .report.repro.runs import discover
+
+        engine = str(((document.get("run") or {}).get("engine") or {}).get("name") or "")
+        found = discover(engine) if engine else []
+        if not found:
+            raise CliError(f"--engines auto: no .venv-{engine or 'ENGINE'} or .venv-{engine or 'ENGINE'}-VERSION "
+                           "folder with bin/python here (make conformance creates them); name the environments")
+        environments = [e for e in environments if e != "auto"] + [e for e in found if e not in environments]
     for environment in environments:  # before anything runs or is written
         try:
             python_of(environment)
@@ -582,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--report", metavar="FILE.md", default=None, help="also write the bug report there")
     x.add_argument("--engines", nargs="+", metavar="VENV", default=None,
                    help="run the reproducer in each of these environments (a virtual environment folder or a "
-                        "Python executable) and put the releases where it reproduces into the report")
+                        "Python executable; 'auto': every .venv-ENGINE and .venv-ENGINE-VERSION folder here) and "
+                        "put the releases where it reproduces into the report")
     x.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per run of --engines (default 600)")
     x.set_defaults(func=cmd_repro)

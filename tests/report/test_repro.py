@@ -231,3 +231,21 @@ def test_engines_runs_scripts_in_each_environment_relative_paths_included(tmp_pa
     assert (failed.status, failed.exit_code, failed.message) == ("could not run", 1, "no engine here")
     err = capsys.readouterr().err
     assert "pytest-mla repro: SGLang 9.9 (venv-a): reproduced" in err and "could not run: no engine here" in err
+
+
+def test_engines_auto_finds_the_conformance_venvs_of_the_results_engine(tmp_path, monkeypatch, capsys):
+    from pytest_mla.report.repro.runs import discover
+
+    for name in (".venv-sglang", ".venv-sglang-0.5.22", ".venv-sglangx", ".venv-vllm", ".venv-sglang-empty"):
+        (tmp_path / name).mkdir()
+        if name != ".venv-sglang-empty":
+            (tmp_path / name / "bin").mkdir()
+            (tmp_path / name / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    assert discover("sglang") == [".venv-sglang", ".venv-sglang-0.5.22"]
+    assert discover("sglang", tmp_path) == [str(tmp_path / ".venv-sglang"), str(tmp_path / ".venv-sglang-0.5.22")]
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    code, _, err = repro(capsys, COMMITTED, DECODE, "-o", empty / "r.py", "--engines", "auto")
+    assert code == 2 and "--engines auto: no .venv-sglang or .venv-sglang-VERSION folder with bin/python here" in err

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["EngineRun", "RESULT_TAG", "python_of", "run_script"]
+__all__ = ["EngineRun", "RESULT_TAG", "discover", "python_of", "run_script"]
 
 RESULT_TAG = "PYTEST_MLA_REPRO"
 
@@ -63,6 +63,15 @@ class EngineRun:
             what = f"could not run: {self.message}"
         code = f", exit {self.exit_code}" if self.exit_code is not None else ""
         return f"{where}: {what}{code}, {self.seconds:.1f} s"
+
+
+def discover(engine: str, folder: str | os.PathLike[str] = ".") -> list[str]:
+    """``--engines auto``: the engine's environments as ``make conformance`` lays them out in ``folder``
+    (``.venv-ENGINE``, ``.venv-ENGINE-VERSION``), each with a ``bin/python``, in name order."""
+    root = Path(folder)
+    found = [p for p in sorted(root.glob(f".venv-{engine}*"))
+             if (p.name == f".venv-{engine}" or p.name.startswith(f".venv-{engine}-")) and (p / "bin" / "python").exists()]
+    return [os.fspath(p) if os.fspath(folder) != "." else p.name for p in found]
 
 
 def python_of(environment: str) -> Path:
