@@ -1,4 +1,4 @@
-"""The ``pytest-mla`` command: render, merge, diff, check, explain, suggest, and init.
+"""The ``pytest-mla`` command: render, merge, diff, check, explain, suggest, repro, and init.
 
 Exit codes: 0 fine; 1 the answer is "no" (conflicts, a regression, a stale
 document); 2 the input is unusable (unreadable, not a result file, another
@@ -411,6 +411,82 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repro(args: argparse.Namespace) -> int:
+    from .report.repro import NotAFinding, ReproError, context_for, find_cell, template_for
+    from .report.repro.bugreport import render_bug_report
+    from .report.repro.runs import python_of, run_all
+
+    document = _read(args.result)
+    environments = list(args.engines or [])
+    if "auto" in environments:
+        from .report.repro.runs import discover
+
+        engine = str(((document.get("run") or {}).get("engine") or {}).get("name") or "")
+        found = discover(engine) if engine else []
+        if not found:
+            raise CliError(f"--engines auto: no .venv-{engine or 'ENGINE'} or .venv-{engine or 'ENGINE'}-VERSION "
+                           "folder with bin/python here (make conformance creates them); name the environments")
+        environments = [e for e in environments if e != "auto"] + [e for e in found if e not in environments]
+    for environment in environments:  # before anything runs or is written
+        try:
+            python_of(environment)
+        except ValueError as exc:
+            raise CliError(f"--engines {exc}") from None
+    try:
+        record = find_cell(document, args.cell)
+        ctx = context_for(document, record, result_file=args.result)
+    except NotAFinding as exc:
+        print(f"{PROG} repro: {exc}", file=sys.stderr)
+        return 1
+    except ReproError as exc:
+        raise CliError(f"{args.result}: {exc}") from None
+    template, reasons = template_for(ctx)
+    to_stdout = args.output in (None, "-")
+    script_name = "repro.py" if to_stdout else args.output
+    finding = ctx.finding
+    head = f"{record.get('id')} is finding {finding.label} ({finding.facts.title}, {len(finding.records)} cells)"
+    command = " ".join([PROG, "repro", args.result, str(record.get("id"))]
+                       + ([] if to_stdout else ["-o", args.output])
+                       + (["--report", args.report] if args.report else [])
+                       + (["--engines", *environments] if environments else []))
+    if template is None:
+        why = "; ".join(reasons)
+        if args.report:
+            _write(render_bug_report(ctx, None, script_name=None, why_no_script=reasons, command=command),
+                   args.report)
+            print(f"{PROG} repro: {head}: wrote the bug report {args.report}, without a reproducer: {why}",
+                  file=sys.stderr)
+        if args.output is not None or not args.report:
+            raise CliError(f"{record.get('id')}: no reproducer template takes this finding ({why})")
+        return 0
+    script = template.render(ctx, script_name=script_name if not to_stdout else "repro.py")
+    runs = []
+    if to_stdout:
+        sys.stdout.write(script)
+    else:
+        _write(script, args.output)
+        try:
+            os.chmod(args.output, 0o755)
+        except OSError:
+            pass
+    if environments:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="mla-repro-") as scratch:
+            path = args.output if not to_stdout else os.path.join(scratch, "repro.py")
+            if to_stdout:
+                Path(path).write_text(script, encoding="utf-8")
+            runs = run_all(path, environments, timeout_s=args.timeout)
+    if args.report:
+        _write(render_bug_report(ctx, template, script_name=os.path.basename(script_name), runs=runs,
+                                 command=command), args.report)
+    wrote = [f"the reproducer {args.output}"] if not to_stdout else []
+    wrote += [f"the bug report {args.report}"] if args.report else []
+    if wrote:
+        print(f"{PROG} repro: {head}: wrote {' and '.join(wrote)}", file=sys.stderr)
+    return 0
+
+
 def _model_fields() -> Sequence[str]:
     from .core.models import MODEL_FIELDS
 
@@ -421,6 +497,7 @@ def _model_fields() -> Sequence[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Render, merge, diff and check pytest-mla result files; "
                                 "explain how a matrix decides a cell; suggest the rule edits a failing run calls for; "
+                                "write a finding's standalone reproducer and bug report (repro); "
                                 "copy a shipped engine matrix into a repo (init).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -494,6 +571,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to write it (a file, or a folder for ENGINE.toml; default matrix/ENGINE.toml)")
     i.add_argument("--force", action="store_true", help="replace an existing file")
     i.set_defaults(func=cmd_init)
+
+    x = sub.add_parser("repro", help="a finding as a standalone reproducer script and a bug report",
+                       description="For a finding of RESULT.json (a configuration the engine accepted whose own "
+                                   "code then failed in the kernel check), write a standalone Python script that "
+                                   "rebuilds the engine's own objects as the cell's check built them and calls the "
+                                   "engine's function (no pytest, no pytest-mla: run it in the engine's "
+                                   "environment; exit 1 while the bug exists, 0 once fixed, 2 when it cannot "
+                                   "build the engine's objects), and with --report a bug report in Markdown: the "
+                                   "serve flags, when a server meets it, expected and actual, the engine's frames, "
+                                   "the releases where it reproduces (--engines) and the upstream reports the "
+                                   "matrix names. A cell that is not a finding exits 1 saying what it is.")
+    x.add_argument("result", metavar="RESULT.json", help="a result file, or - for standard input")
+    x.add_argument("cell", metavar="CELL_ID",
+                   help="the cell: its id (model/backend/dcpN/spec/arch[/kv-X]...), the name pytest prints "
+                        "(model-backend-dcpN-...), or a whole node id")
+    x.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="the reproducer script (default: stdout)")
+    x.add_argument("--report", metavar="FILE.md", default=None, help="also write the bug report there")
+    x.add_argument("--engines", nargs="+", metavar="VENV", default=None,
+                   help="run the reproducer in each of these environments (a virtual environment folder or a "
+                        "Python executable; 'auto': every .venv-ENGINE and .venv-ENGINE-VERSION folder here) and "
+                        "put the releases where it reproduces into the report")
+    x.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="per run of --engines (default 600)")
+    x.set_defaults(func=cmd_repro)
 
     e = sub.add_parser("explain", help="which rule of a matrix decides a cell, and why",
                        description="Try each rule of MATRIX.toml in order against CELL_ID "

@@ -60,6 +60,10 @@ def test_the_wheel_carries_the_matrices_and_the_license(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         for engine in ENGINES:
             assert z.read(f"pytest_mla/matrices/{engine}.toml") == (ROOT / "matrix" / f"{engine}.toml").read_bytes()
+        # what `pytest-mla repro` writes scripts from, and the model configs it inlines
+        assert z.read("pytest_mla/report/repro/sglang_backend.py.tmpl") == \
+            (ROOT / "pytest_mla/report/repro/sglang_backend.py.tmpl").read_bytes()
+        assert "pytest_mla/engines/model_configs/deepseek-v3/config.json" in z.namelist()
         licenses = [n for n in z.namelist() if n.endswith("LICENSE") and ".dist-info/" in n]
         assert licenses and z.read(licenses[0]) == (ROOT / "LICENSE").read_bytes()
 

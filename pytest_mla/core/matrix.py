@@ -35,11 +35,13 @@ from .toml_lines import LineIndex
 
 TOP_KEYS = ("title", "engine", "axes", "models", "probes", "rule", "kernel")
 ENGINE_KEYS = ("name", "version")
-RULE_KEYS = ("when", "reject", "accept", "skip", "xfail", "engine_version", "name")
+RULE_KEYS = ("when", "reject", "accept", "skip", "xfail", "links", "engine_version", "name")
 REJECT_KEYS = ("error", "message", "match")
 KERNEL_KEYS = ("dtype", "seed")
 KERNEL_DTYPES = ("bf16", "fp16", "fp32")
 _ERROR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+#: A link of ``links``: an absolute http(s) URL with a host, no spaces.
+_LINK = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d+)?(/\S*)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,6 +396,7 @@ class _Builder:
         if outcome is None and xfail is None and not given:
             self.problem(at, "a rule needs an outcome: reject = {...}, accept = true, skip = \"reason\", "
                              "or xfail = \"reason\"")
+        links = self.links(at + ("links",), item["links"], xfail) if "links" in item else ()
         versions = None
         if "engine_version" in item:
             versions = self.specifier(at + ("engine_version",), item["engine_version"])
@@ -402,7 +405,26 @@ class _Builder:
             self.problem(at + ("name",), f"name must be a string, got {name!r}")
         if len(self.problems) > before:
             return None
-        return Rule(index, self.lines.line(at), when, outcome, error, message, match, xfail, versions, name, skip)
+        return Rule(index, self.lines.line(at), when, outcome, error, message, match, xfail, versions, name, skip,
+                    links)
+
+    def links(self, at: tuple[Any, ...], value: Any, xfail: Any) -> tuple[str, ...]:
+        """``links = ["https://...", ...]``: the upstream reports of the rule's known bug (``xfail``)."""
+        if xfail is None:
+            self.problem(at, "links name the upstream reports of a known bug: give the rule an xfail reason too")
+        if not isinstance(value, list) or not value:
+            self.problem(at, f"links must be a non-empty list of URLs such as "
+                             f"[\"https://github.com/owner/engine/issues/123\"], got {value!r}")
+            return ()
+        out: list[str] = []
+        for i, link in enumerate(value):
+            if not isinstance(link, str) or not _LINK.match(link):
+                self.problem(at, f"link {i} must be an http(s) URL without spaces, got {link!r}")
+            elif link in out:
+                self.problem(at, f"duplicate link {link!r}")
+            else:
+                out.append(link)
+        return tuple(out)
 
     def when(self, at: tuple[Any, ...], table: Any, axes: Mapping[str, tuple[Any, ...]]) -> tuple[Predicate, ...]:
         if table is None:

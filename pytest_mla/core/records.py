@@ -43,6 +43,9 @@ class KernelResult(TypedDict, total=False):
     reused: bool  # the result of an identical numeric case (another arch, another worker)
     crashed: bool  # the kernel or harness raised (verdict error)
     finding: bool  # the engine's own code raised after accepting (verdict fail)
+    raised: str  # a finding: the exception's class name
+    raised_text: str  # a finding: str() of the exception
+    frames: list[str]  # a finding: the engine's frames, outermost first, "module:qualname (line N)"
     notes: list[str]
 
 

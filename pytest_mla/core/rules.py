@@ -5,7 +5,9 @@ check order. The outcome is ``reject``, ``accept``, or ``skip`` (the
 configuration does not apply: the engine is not asked, the verdict is
 ``skip`` with the rule's reason). A rule may carry ``xfail`` (a known bug)
 with or without an outcome; an ``xfail``-only rule marks the cell and lets
-the next matching rule decide what it must do. Rules gated by ``engine_version`` apply only to the
+the next matching rule decide what it must do; a rule with ``xfail`` may name the
+related upstream reports (``links``), which follow the xfail into the cell's
+expectation. Rules gated by ``engine_version`` apply only to the
 engine versions their specifier admits.
 """
 
@@ -105,6 +107,7 @@ class Rule:
     engine_version: SpecifierSet | None = None
     name: str | None = None
     skip: str | None = None  # the reason, for outcome "skip"
+    links: tuple[str, ...] = ()  # upstream reports of the known bug (``xfail``), as URLs
 
     @property
     def label(self) -> str:
@@ -155,6 +158,8 @@ class Expectation:
     #: The xfail comes from an xfail-only rule on a cell the matrix accepts: the known bug is
     #: in what runs after acceptance, so only the kernel check can show it.
     xfail_after_accept: bool = False
+    #: Upstream reports of the known bug: the ``links`` of the rule whose ``xfail`` this is.
+    links: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -162,6 +167,10 @@ class Expectation:
             del d["reason"]
         if not self.xfail_after_accept:
             del d["xfail_after_accept"]
+        if self.links:
+            d["links"] = list(self.links)
+        else:  # records without links keep their old form
+            del d["links"]
         return d
 
     def describe(self) -> str:
@@ -177,19 +186,22 @@ class Expectation:
 def decide(rules: tuple[Rule, ...], cell: Cell, model: ModelConfig,
            engine_version: Version | None) -> Expectation:
     """The expectation of ``cell``: the first matching rule wins."""
-    xfail: str | None = None
+    marker: Rule | None = None  # the first xfail-only rule that matched
     for rule in rules:
         if not rule.applies_to_version(engine_version) or not rule.matches(cell, model):
             continue
         if rule.outcome is None:
-            xfail = xfail or rule.xfail
+            marker = marker or rule
             continue
-        reason = rule.xfail or xfail
+        known = rule if rule.xfail else marker  # the rule whose xfail (and links) the cell gets
+        reason, links = (known.xfail, known.links) if known is not None else (None, ())
         if rule.outcome == "skip":
             return Expectation("skip", rule=rule.index, rule_line=rule.line, reason=rule.skip)
         if rule.outcome == "accept":
             return Expectation("accept", xfail=reason, rule=rule.index, rule_line=rule.line,
-                               xfail_after_accept=rule.xfail is None and xfail is not None)
+                               xfail_after_accept=rule.xfail is None and marker is not None, links=links)
         message = render_message(rule.message, cell, model) if rule.message is not None else None
-        return Expectation("reject", rule.error, message, rule.match, reason, rule.index, rule.line)
-    return Expectation("accept", xfail=xfail, xfail_after_accept=xfail is not None)
+        return Expectation("reject", rule.error, message, rule.match, reason, rule.index, rule.line, links=links)
+    if marker is None:
+        return Expectation("accept")
+    return Expectation("accept", xfail=marker.xfail, xfail_after_accept=True, links=marker.links)

@@ -187,7 +187,8 @@ def _rank_raised(workdir: str, world: int) -> Exception | None:
             if info.get("error") == "EngineCannotRun":
                 return EngineCannotRun(info["text"])
             if info.get("function"):
-                return BackendRaised(info["error"], info["text"], info["function"], rank)
+                return BackendRaised(info["error"], info["text"], info["function"], rank,
+                                     tuple(info.get("frames") or ()))
     return None
 
 
@@ -314,7 +315,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
     import json
 
     from .collectives import TorchCollectives
-    from .engine_runner import RankContext, engine_function_of
+    from .engine_runner import RankContext, engine_frames_of, engine_function_of
     from .interpreter import interpreter_fixes
 
     problem = torch.load(os.path.join(args.dir, "problem.pt"), weights_only=False)
@@ -326,7 +327,8 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
         with interpreter_fixes(where):
             result = runner(inputs, ctx, problem["options"])
     except BaseException as exc:
-        info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package)}
+        info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package),
+                "frames": list(engine_frames_of(exc, args.package))}
         with open(os.path.join(args.dir, f"rank{args.rank}.raised.json"), "w", encoding="utf-8") as f:
             json.dump(info, f)
         raise

@@ -11,7 +11,8 @@ import torch
 from .collectives import Collectives
 from .inputs import DecodeInputs
 
-__all__ = ["BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_function_of"]
+__all__ = ["BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_frames_of",
+           "engine_function_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,17 +43,20 @@ EngineRunner = Callable[[DecodeInputs, RankContext, Mapping[str, Any]], RankResu
 class BackendRaised(Exception):
     """The engine's own code raised while computing an accepted configuration: a finding."""
 
-    def __init__(self, error: str, text: str, function: str | None, rank: int | None = None) -> None:
+    def __init__(self, error: str, text: str, function: str | None, rank: int | None = None,
+                 frames: tuple[str, ...] = ()) -> None:
         self.error = error
         self.text = text
         self.function = function
         self.rank = rank
+        self.frames = tuple(frames)  # the engine's frames, outermost first (``engine_frames_of``)
         where = f" in {function}" if function else ""
         super().__init__(f"{error}: {text}{where}")
 
     @classmethod
     def from_exception(cls, exc: BaseException, package: str | None, rank: int | None = None) -> "BackendRaised":
-        return cls(type(exc).__name__, str(exc), engine_function_of(exc, package), rank)
+        return cls(type(exc).__name__, str(exc), engine_function_of(exc, package), rank,
+                   engine_frames_of(exc, package))
 
 
 class EngineCannotRun(Exception):
@@ -74,3 +78,15 @@ def engine_function_of(exc: BaseException, package: str | None) -> str | None:
         if module == package or module.startswith(package + "."):
             found = f"{module}:{frame.f_code.co_qualname}"
     return found
+
+
+def engine_frames_of(exc: BaseException, package: str | None) -> tuple[str, ...]:
+    """The traceback's frames inside ``package``, outermost first: ``module:qualname (line N)``."""
+    if not package:
+        return ()
+    frames = []
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        module = frame.f_globals.get("__name__", "")
+        if module == package or module.startswith(package + "."):
+            frames.append(f"{module}:{frame.f_code.co_qualname} (line {line})")
+    return tuple(frames)

@@ -386,7 +386,7 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
     bugs = [c for c, s in zip(counted, states) if s in (BAD, XFAIL)]
     if bugs:  # a failure outranks a known bug; the notes say which cell is which
         worst = BAD if any(all_states[id(c)] == BAD for c in bugs) else XFAIL
-        return Entry(worst, tuple(_grouped_notes(space, bugs, counted, _bug_text, notes)))
+        return Entry(worst, tuple(_grouped_notes(space, bugs, counted, lambda c: _bug_text(c, model), notes)))
     ok = [c for c, s in zip(counted, states) if s in (VERIFIED, EMULATED, ACCEPTED)]
     refused = [c for c, s in zip(counted, states) if s == REJECTED]
     na = [c for c, s in zip(counted, states) if s == SKIPPED]
@@ -458,11 +458,17 @@ def _condition_note(space: "_Space", ok: Sequence[Mapping[str, Any]], refused: S
     return notes.ref(text, links=tuple(dict.fromkeys(cited)))
 
 
-def _bug_text(cell: Mapping[str, Any]) -> str:
+def _bug_text(cell: Mapping[str, Any], model: ReportModel | None = None) -> str:
+    """A ⚠️/❌ note: a finding's cell cites the finding (its text is in the Findings section once)."""
     verdict = cell.get("verdict") or "error"
+    finding = model.finding_of(cell) if model is not None else None
     if cell_state(cell) == XFAIL:
+        if finding is not None:
+            return f"known bug ({verdict}): {finding.note()}"
         reason = (cell.get("expectation") or {}).get("xfail") or cell.get("reason")
         return f"known bug ({verdict}): {one_line(reason)}" if reason else f"known bug ({verdict})"
+    if finding is not None:
+        return f"{verdict}: {finding.note()}"
     return f"{verdict}: {reason_line(cell.get('reason')) or 'no result'}"
 
 
@@ -573,21 +579,21 @@ def build_probe_answers(model: ReportModel) -> list[ProbeAnswer]:
             space = _Space(model, cells, skip=(axis,))
             groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
             for c in cells:
-                groups.setdefault(_answer(c), []).append(c)
+                groups.setdefault(_answer(c, model), []).append(c)
             for i, ((state, text), members) in enumerate(groups.items()):
                 where = space.where(members, _others(cells, members)) if len(groups) > 1 else ""
                 out.append(ProbeAnswer(axis, value, i == 0, len(members), where, state, text))
     return out
 
 
-def _answer(cell: Mapping[str, Any]) -> tuple[str, str]:
+def _answer(cell: Mapping[str, Any], model: ReportModel | None = None) -> tuple[str, str]:
     state = cell_state(cell)
     if state == REJECTED:
         return REJECTED, rejection_text(cell)
     if state in (VERIFIED, EMULATED, ACCEPTED):
         return state, "accepted"
     if state in (BAD, XFAIL):
-        return state, _bug_text(cell)
+        return state, _bug_text(cell, model)
     return SKIPPED, _na_text(cell)
 
 

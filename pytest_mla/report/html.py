@@ -35,7 +35,8 @@ from ..core.records import kernel_of
 from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
-from .markdown import VIEWS, render_command
+from .findings import Finding, repro_command
+from .markdown import FINDINGS_INTRO, VIEWS, render_command
 from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
 from .symbols import PARTIAL, SYMBOLS
 
@@ -174,10 +175,12 @@ def build_data(model: ReportModel) -> dict[str, Any]:
         else:
             kernel = describe_kernel(c.get("kernel"))
         notes = "\n".join(str(n) for n in (c.get("notes") or []))
+        finding = model.finding_of(c)
         cells.append([order[a].get(coords.get(a), -1) for a in axes] + [
             STATES.index(state), s(c.get("verdict")), s(describe_expectation(c.get("expectation"))),
             s(describe_outcome(c.get("outcome"))), s(c.get("reason")), s(kernel), s(notes),
-            s(one_line(_short(c, state))),
+            s(one_line(_short(c, state))), s(describe_finding(finding)),
+            s(repro_command(str(c.get("id"))) if finding is not None else ""),
         ])
     return {
         "axes": [{"name": a, "values": [str(v) for v in model.axes[a]],
@@ -187,6 +190,20 @@ def build_data(model: ReportModel) -> dict[str, Any]:
         "strings": strings,
         "cells": cells,
     }
+
+
+def describe_finding(finding: Finding | None) -> str:
+    """A cell's finding for its details: which one, what was raised, and when a server meets it."""
+    if finding is None:
+        return ""
+    facts = finding.facts
+    lines = [f"{finding.label}: {facts.title} ({len(finding.records)} cells)", facts.statement,
+             f"a server meets it {facts.phase.text}"]
+    if facts.level == "emulated":
+        lines.append("the kernel itself did not run: the engine's code ran around float64 emulations of "
+                     + (", ".join(facts.emulated) or "its kernel library"))
+    lines += [f"upstream: {link}" for link in finding.links]
+    return "\n".join(lines)
 
 
 def _short(c: Mapping[str, Any], state: str) -> str:
@@ -246,7 +263,8 @@ def render_html(document: Mapping[str, Any], *, view: str = "all") -> str:
     css = "\n" + static_text("report.css")
     if view == "backends":
         backends = build_backends_view(model)
-        body = render_backends_html(backends, level=2) + _probes_html(backends) + _failures_html(model)
+        body = (render_backends_html(backends, level=2) + _probes_html(backends) + findings_html(model)
+                + _failures_html(model))
         return _STATIC_PAGE.format(title=esc(title), matrix=esc(run.get("matrix") or ""), facts=facts, css=css,
                                    command=esc(render_command(view, fmt="html")), body=body)
     legend = "".join(
@@ -261,7 +279,8 @@ def render_html(document: Mapping[str, Any], *, view: str = "all") -> str:
     else:
         backends = build_backends_view(model)
         section = ('<section id="backends-view">\n<h2>Attention backends</h2>\n' + render_backends_html(backends, level=3)
-                   + _probes_html(backends) + '</section>\n<h2 class="grid-title">Full matrix</h2>\n')
+                   + _probes_html(backends) + findings_html(model)
+                   + '</section>\n<h2 class="grid-title">Full matrix</h2>\n')
     return _PAGE.format(title=esc(title), matrix=esc(run.get("matrix") or ""), facts=facts, legend=legend,
                         state_boxes=state_boxes, data=data, css=css, js="\n" + static_text("report.js"),
                         command=esc(render_command(view, fmt="html")), backends=section)
@@ -334,6 +353,35 @@ def _probes_html(view: BackendsView) -> str:
             "<th>the engine's answer</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>\n")
 
 
+def findings_html(model: ReportModel) -> str:
+    """The Findings section: each distinct finding once, with its cells and the reproducer command."""
+    if not model.findings:
+        return ""
+    intro = esc(FINDINGS_INTRO).replace("`", "")
+    out = [f'<h2 id="findings">Findings</h2>\n<p class="columns">{intro}</p>\n<div class="findings">']
+    axes = list(model.axes)
+    for f in model.findings:
+        facts = f.facts
+        rows = [("known bug" if f.xfail else "not declared", f.xfail or "no rule of the matrix declares it"),
+                ("raised" if facts.kind == "raised" else "out of tolerance", facts.statement),
+                ("in", (facts.function or "the engine's code") + (f" (level {facts.level})" if facts.level else ""))]
+        if facts.frames:
+            rows.append(("engine frames", " → ".join(facts.frames)))
+        if facts.level == "emulated":
+            rows.append(("kernel", "did not run: the engine's code ran around float64 emulations of "
+                                   + (", ".join(facts.emulated) or "its kernel library")))
+        rows += [("a server meets it", facts.phase.text),
+                 ("cells", f"{len(f.records)}: {f.describe_cells(axes, model.order)}")]
+        items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
+        links = "".join(f'<dd><a href="{esc(link)}">{esc(link)}</a></dd>' for link in f.links)
+        links = f"<dt>upstream</dt>{links}" if links else ""
+        command = f"<dt>reproduce</dt><dd><code>{esc(repro_command(f.ids[0]))}</code></dd>"
+        out.append(f'<div class="finding" id="finding-{f.number}"><h3>{esc(f.label)}. {esc(facts.title)}</h3>'
+                   f"<dl>{items}{links}{command}</dl></div>")
+    out.append("</div>")
+    return "\n".join(out) + "\n"
+
+
 def _failures_html(model: ReportModel) -> str:
     bad = model.bad_cells()
     if not bad:
@@ -402,4 +450,4 @@ _PAGE = """<!doctype html>
 </html>
 """
 
-__all__ = ["render_html", "render_backends_html", "esc", "script_json", "build_data", "static_text"]
+__all__ = ["render_html", "render_backends_html", "esc", "script_json", "build_data", "findings_html", "static_text"]

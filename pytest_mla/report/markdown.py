@@ -27,6 +27,7 @@ from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import (CONSTRUCTION_STOPS, COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view,
                        build_probe_answers)
+from .findings import repro_command
 from .model import (LEGEND, SYMBOLS, Notes, ReportModel, format_key, kernel_counts_text, power_counts, reason_line,
                     verdict_counts)
 
@@ -91,12 +92,14 @@ def render_markdown(document: Mapping[str, Any], rows: Sequence[str] | None = No
         assert grid is not None
         out += grid.lines(level=2)
         out += _probes_section(build_probe_answers(model), level=2)
+        out += findings_section(model, level=2)
     else:
         backends = build_backends_view(model)
         if view == "all":
             out += ["## Attention backends", ""]
         out += _backends_section(backends, level=3 if view == "all" else 2)
         out += _probes_section(backends.probes, level=2)
+        out += findings_section(model, level=2)
         if grid is not None:
             out += ["## Full matrix", ""]
             out += grid.lines(level=3, first_note=len(backends.notes) + 1)
@@ -171,9 +174,60 @@ def _failures(model: ReportModel) -> list[str]:
         return []
     out = ["## Failures", ""]
     for c in bad:
-        out.append(f"- `{_code(c.get('id'))}` **{md_text(c.get('verdict'))}**: {md_text(reason_line(c.get('reason')))}")
+        finding = model.finding_of(c)
+        why = f"finding {finding.label} (see Findings)" if finding is not None else reason_line(c.get("reason"))
+        out.append(f"- `{_code(c.get('id'))}` **{md_text(c.get('verdict'))}**: {md_text(why)}")
     out.append("")
     return out
+
+
+FINDINGS_INTRO = ("Configurations the engine accepted whose own code then failed when it computed them, each "
+                  "distinct failure once, with the cells it covers. `pytest-mla repro RESULT.json CELL -o repro.py "
+                  "--report bug.md` writes a standalone reproducer (the engine's own objects, no pytest-mla) and a "
+                  "bug report for any of them.")
+
+
+def findings_section(model: ReportModel, level: int = 2) -> list[str]:
+    """``## Findings``: each distinct finding once (``findings.py``), with the cells it covers."""
+    findings = model.findings
+    if not findings:
+        return []
+    h = "#" * level
+    out = [f"{h} Findings", "", FINDINGS_INTRO, ""]
+    axes = [a for a in model.axes]
+    for f in findings:
+        facts = f.facts
+        out.append(f"{h}# {f.label}. {md_text(facts.title)}")
+        out.append("")
+        verdicts = ", ".join(f"{n} {v}" for v, n in f.verdicts.items())
+        if f.xfail:
+            out.append(f"- **known bug** ({md_text(verdicts)}): {md_text(f.xfail)}")
+        else:
+            out.append(f"- **not declared in the matrix** ({md_text(verdicts)})")
+        if facts.kind == "raised":
+            out.append(f"- **raised**: `{_code(facts.statement)}`")
+        else:
+            out.append(f"- **out of tolerance** of the float64 reference: {md_text(facts.statement)}")
+        where = f"`{_code(facts.function)}`" if facts.function else "the engine's code"
+        level_text = f", level {md_text(facts.level)}" if facts.level else ""
+        out.append(f"- **in**: {where}{level_text}")
+        if facts.frames:
+            out.append("- **engine frames** (outermost first): " + " → ".join(f"`{_code(x)}`" for x in facts.frames))
+        if facts.level == "emulated":
+            out.append("- **the kernel itself did not run**: the engine's code ran around float64 emulations of "
+                       + md_text(", ".join(facts.emulated) or "its kernel library") + "; confirm on the GPU")
+        out.append(f"- **a server meets it** {md_text(facts.phase.text)}")
+        out.append(f"- **cells** ({len(f.records)}): {md_text(f.describe_cells(axes, model.order))}")
+        if f.links:
+            out.append("- **upstream**: " + ", ".join(f"<{_url(link)}>" for link in f.links))
+        out.append(f"- **reproduce**: `{_code(repro_command(f.ids[0]))}`")
+        out.append("")
+    return out
+
+
+def _url(link: str) -> str:
+    """A link for an autolink: no spaces or angle brackets (the matrix validates them; this is the fence)."""
+    return "".join(ch for ch in link if ch not in "<> \n\r\t")
 
 
 # -- grid --------------------------------------------------------------------------------
@@ -300,4 +354,4 @@ def _github_table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
         _tabulate.WIDE_CHARS_MODE = saved
 
 
-__all__ = ["render_markdown", "render_command", "md_text", "VIEWS"]
+__all__ = ["render_markdown", "render_command", "md_text", "findings_section", "VIEWS"]

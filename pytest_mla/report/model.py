@@ -24,6 +24,7 @@ from ..core.models import BUILTIN_MODELS
 from ..core.records import kernel_of
 from ..core.text import visible
 from ..core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, REJECTED, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS
+from .findings import Finding, group_findings
 from .symbols import BAD, CELL_STATES, EMULATED, MISSING, SKIPPED
 from .symbols import PARTIAL as PARTIAL_STATE
 from .symbols import SYMBOLS as _SYMBOLS
@@ -129,17 +130,22 @@ def reason_line(text: Any) -> str:
     return out
 
 
-def state_note(record: Mapping[str, Any], state: str) -> str | None:
-    """The text a note quotes for a record in ``state`` (None: nothing to explain)."""
+def state_note(record: Mapping[str, Any], state: str, finding: Finding | None = None) -> str | None:
+    """The text a note quotes for a record in ``state`` (None: nothing to explain); a record of a
+    ``finding`` cites it (the Findings section holds its text once)."""
     if state == REJECTED:
         return rejection_text(record)
     if state == XFAIL:
-        reason = (record.get("expectation") or {}).get("xfail") or record.get("reason")
         label = "xpass" if record.get("verdict") == "xpass" else "xfail"
+        if finding is not None:
+            return f"{label}: {finding.note()}"
+        reason = (record.get("expectation") or {}).get("xfail") or record.get("reason")
         return f"{label}: {one_line(reason)}" if reason else label
     if state == SKIPPED:
         return f"skipped: {one_line(record.get('reason'))}" if record.get("reason") else "skipped"
     if state == BAD:
+        if finding is not None:
+            return f"{record.get('verdict') or 'error'}: {finding.note()}"
         return f"{record.get('verdict') or 'error'}: {reason_line(record.get('reason')) or 'no result'}"
     return None
 
@@ -251,6 +257,22 @@ class ReportModel:
                                                    for a, vals in self.axes.items()}
         self._case_mla: dict[Any, bool] | None = None
         self._states: dict[int, str] = {}
+        self._findings: list[Finding] | None = None
+        self._finding_of: dict[int, Finding] = {}
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The run's distinct findings (``findings.py``), numbered F1, F2, ... in matrix order."""
+        if self._findings is None:
+            self._findings = group_findings(self.cells, str((self.run.get("engine") or {}).get("name") or ""))
+            self._finding_of = {id(r): f for f in self._findings for r in f.records}
+        return self._findings
+
+    def finding_of(self, record: Mapping[str, Any]) -> Finding | None:
+        """The finding a cell belongs to (None: it is not one)."""
+        if self._findings is None:
+            self.findings
+        return self._finding_of.get(id(record))
 
     @property
     def states(self) -> dict[int, str]:
@@ -351,7 +373,8 @@ class ReportModel:
         for r in records:
             state = cell_state(r)
             coords = r.get("coords") or {}
-            parts.setdefault((state, state_note(r, state)), []).append(tuple(coords.get(a) for a in hidden))
+            parts.setdefault((state, state_note(r, state, self.finding_of(r))), []).append(
+                tuple(coords.get(a) for a in hidden))
         universe = [t for ts in parts.values() for t in ts]
         states = Counter()
         for (state, _), ts in parts.items():

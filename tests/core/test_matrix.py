@@ -404,3 +404,65 @@ def test_rules_can_ask_for_the_checkpoints_quantization(tmp_path):
     m = load_matrix(write(tmp_path, body), display_path="matrix/m.toml")
     refused = {c.model for c in m.cells() if m.expectation(c).kind == "reject"}
     assert refused == {"deepseek-v3"}  # llama-3.1-8b is a bf16 checkpoint
+
+
+# -- links: the upstream reports of a known bug ----------------------------------------------
+
+def test_links_follow_the_xfail_into_the_expectation(tmp_path):
+    m = load_matrix(write(tmp_path, """
+        [[rule]]
+        when = { backend = "triton", dcp = ">1" }
+        xfail = "triton + DCP raises in the KV write"
+        links = ["https://github.com/example/engine/issues/7", "https://github.com/example/engine/pull/9"]
+        [[rule]]
+        when = { backend = "trtllm_mla", arch = "sm90" }
+        reject = { error = "ValueError", match = "Blackwell" }
+        xfail = "refused with the wrong text"
+        links = ["https://example.org/bugs/1"]
+        [[rule]]
+        when = { backend = "fa3", dcp = ">1" }
+        xfail = "no links here"
+    """))
+    marked = m.expectation(Cell("deepseek-v3", "triton", 2, "none", "sm90"))
+    assert (marked.kind, marked.xfail, marked.xfail_after_accept) == ("accept", "triton + DCP raises in the KV write", True)
+    assert marked.links == ("https://github.com/example/engine/issues/7", "https://github.com/example/engine/pull/9")
+    assert marked.as_dict()["links"] == list(marked.links)
+    refused = m.expectation(Cell("deepseek-v3", "trtllm_mla", 1, "none", "sm90"))
+    assert (refused.kind, refused.links) == ("reject", ("https://example.org/bugs/1",))
+    plain = m.expectation(Cell("deepseek-v3", "fa3", 2, "none", "sm90"))
+    assert plain.xfail == "no links here" and plain.links == () and "links" not in plain.as_dict()
+    assert "links" not in m.expectation(Cell("deepseek-v3", "triton", 1, "none", "sm90")).as_dict()
+
+
+@pytest.mark.parametrize("links, expected", [
+    ('"https://x.org/1"', "links must be a non-empty list of URLs"),
+    ("[]", "links must be a non-empty list of URLs"),
+    ('["github.com/o/e/issues/1"]', "link 0 must be an http(s) URL without spaces, got 'github.com/o/e/issues/1'"),
+    ('["https://x.org/a b"]', "link 0 must be an http(s) URL without spaces"),
+    ("[12]", "link 0 must be an http(s) URL without spaces, got 12"),
+    ('["https://x.org/1", "https://x.org/1"]', "duplicate link 'https://x.org/1'"),
+])
+def test_bad_links_are_named_with_their_line(tmp_path, links, expected):
+    body = f"""
+        [[rule]]
+        when = {{ backend = "triton", dcp = ">1" }}
+        xfail = "known bug"
+        links = {links}
+    """
+    path = write(tmp_path, body)
+    lines = problems(tmp_path, body)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"matrix/m.toml:{line_of(path, 'links =')}: rule[0].links: {expected}"), lines
+
+
+def test_links_without_an_xfail_are_a_problem(tmp_path):
+    body = """
+        [[rule]]
+        when = { backend = "trtllm_mla", arch = "sm90" }
+        reject = { error = "ValueError", match = "Blackwell" }
+        links = ["https://x.org/1"]
+    """
+    path = write(tmp_path, body)
+    assert problems(tmp_path, body) == [
+        f"matrix/m.toml:{line_of(path, 'links =')}: rule[0].links: links name the upstream reports of a known "
+        "bug: give the rule an xfail reason too"]

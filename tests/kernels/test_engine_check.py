@@ -68,6 +68,10 @@ def test_exception_in_engine_code_is_a_finding_naming_the_function(dcp):
         run_engine_check(case(dcp), spec(raise_in="decode"))
     assert info.value.function == "tests.kernels.fake_engine:decode_rank"
     assert info.value.error == "ValueError" and "too many values" in info.value.text
+    # the engine's frames, outermost first, each with its line: what a bug report quotes
+    assert [f.split(" (line ")[0] for f in info.value.frames] == ["tests.kernels.fake_engine:run",
+                                                                    "tests.kernels.fake_engine:decode_rank"]
+    assert all(f.endswith(")") and f.split(" (line ")[1][:-1].isdigit() for f in info.value.frames)
 
 
 def test_exception_outside_the_engine_package_is_not_a_finding():
@@ -86,6 +90,7 @@ def test_distributed_mode_gives_the_same_numbers():
     with pytest.raises(BackendRaised) as info:
         run_engine_check(c, spec(raise_in="decode"), dcp_mode="distributed", timeout_s=120)
     assert info.value.function == "tests.kernels.fake_engine:decode_rank"
+    assert info.value.frames and info.value.frames[-1].startswith("tests.kernels.fake_engine:decode_rank (line ")
 
 
 # ---- the in-process collectives ------------------------------------------------------------

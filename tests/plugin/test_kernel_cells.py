@@ -167,6 +167,10 @@ def test_engine_runner_cells_verified_caught_and_found(pytester):
     assert crashes["kernel"]["finding"] is True
     assert crashes["reason"] == ("engine accepted this configuration, but its backend raised ValueError: "
                                  "too many values to unpack (expected 2) in fake_engine:decode_rank")
+    # what was raised, as plain fields, and where in the engine (outermost frame first)
+    assert crashes["kernel"]["raised"] == "ValueError"
+    assert crashes["kernel"]["raised_text"] == "too many values to unpack (expected 2)"
+    assert [f.split(" (line ")[0] for f in crashes["kernel"]["frames"]] == ["fake_engine:run", "fake_engine:decode_rank"]
 
 
 def test_a_known_bug_after_acceptance_is_checked_by_the_kernel(pytester):

@@ -4,7 +4,7 @@
   var AX = D.axes, S = D.strings, CELLS = D.cells, NA = AX.length;
   var ST = D.states, SYM = D.symbols;
   var I_STATE = NA, I_VERDICT = NA + 1, I_EXP = NA + 2, I_OUT = NA + 3, I_REASON = NA + 4,
-      I_KERNEL = NA + 5, I_NOTES = NA + 6, I_SHORT = NA + 7;
+      I_KERNEL = NA + 5, I_NOTES = NA + 6, I_SHORT = NA + 7, I_FINDING = NA + 8, I_REPRO = NA + 9;
   var byName = {};
   AX.forEach(function (a, i) { byName[a.name] = i; });
   var DEFAULT_ROWS = ["model", "backend"].filter(function (n) { return n in byName; });
@@ -214,6 +214,8 @@
     row("reason", S[c[I_REASON]], true);
     row("kernel", S[c[I_KERNEL]], true);
     row("notes", S[c[I_NOTES]], true);
+    row("finding", S[c[I_FINDING]], true);
+    row("reproduce", S[c[I_REPRO]], true);
     aside.appendChild(dl);
   }
 
