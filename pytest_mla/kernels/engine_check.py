@@ -76,6 +76,7 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
 def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *, dcp_mode: str, where: str,
               timeout_s: float) -> dict[str, Any]:
     from .compare import check_close
+    from .emulated.glue import OutOfContractError, OutOfRangeRead
     from .interpreter import interpreter_fixes
     from .reference import ref_mla_decode
     from ..core.targets import import_target
@@ -96,6 +97,10 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
             ctx = RankContext(collectives.rank, collectives.world, case.dcp_interleave, collectives, device, case)
             try:
                 return runner(inputs, ctx, options)
+            except OutOfContractError as exc:  # an emulation asked for what it does not model: not-run, never a pass
+                if isinstance(exc, OutOfRangeRead):  # an index the engine handed the kernel: the engine's finding
+                    raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
+                raise EngineCannotRun(f"emulated kernel out of contract: {exc}") from exc
             except BaseException as exc:
                 own = isinstance(exc, (AdapterError, EngineCannotRun))
                 if not own and engine_function_of(exc, spec.package) is not None:

@@ -16,6 +16,24 @@ Faults (what a buggy release could ship):
   per row (an off-by-one in the sequence lengths it is given).
 * ``merge-ignores-lse``: ``cp_lse_ag_out_rs`` averages the ranks' partial
   outputs instead of weighting them by their LSE.
+* ``merge-lse-base-swapped``: ``cp_lse_ag_out_rs`` reads each rank's LSE in
+  the other base (natural as base 2, base 2 as natural: vLLM PR 47079's bug
+  class) in its correction of the DCP outputs.
+* ``flashmla-scale-x1.05``: vLLM's FlashMLA interface (``flash_mla_with_kvcache``,
+  vendored in ``vllm.third_party.flashmla``) passes the softmax scale × 1.05.
+* ``flashmla-k-descale-ignored``: vLLM's FlashMLA FP8 entry point
+  (``vllm.v1.attention.ops.flashmla.flash_mla_with_kvcache_fp8``) passes a K
+  descale of 1 whatever the layer's ``_k_scale``.
+* ``library-present`` (not a fault): FlashMLA's compiled op is present, as
+  on a GPU host (see ``library_present``): the check runs at level
+  ``backend`` with nothing emulated.
+* ``prefill-merge-equal-weights``: ``merge_attn_states`` (vLLM's dispatcher in
+  ``vllm.v1.attention.ops.merge_attn_states``) averages the MLA prefill's
+  context and new-token states instead of weighting them by their LSE.
+
+The cells run vLLM's own backends; on a host without their GPU libraries the
+compiled kernels are float64 emulations (level ``emulated``), so each fault
+is in vLLM's Python around them.
 """
 
 from __future__ import annotations
@@ -31,13 +49,23 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_ENV = "PYTEST_MLA_VLLM_FAULT"
 
-#: Cells the driver knows: id -> (model, backend, spec, dcp, kv_dtype, page_size).
+#: Cells the driver knows: id -> (model, backend, spec, dcp, kv_dtype, page_size[, arch]); arch sm90 unless given.
 CASES = {
     "v2lite-decode": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16),
     "v2lite-chain": ("deepseek-v2-lite", "TRITON_MLA", "eagle-1x3", 1, "auto", 16),
     "v2lite-decode-dcp2": ("deepseek-v2-lite", "TRITON_MLA", "none", 2, "auto", 16),
     "v2lite-decode-fp8": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "fp8", 16),
     "llama-decode": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16),
+    # vLLM's CUDA backends (emulated kernels on a host without their libraries)
+    "v2lite-flashmla": ("deepseek-v2-lite", "FLASHMLA", "none", 1, "auto", 64),
+    "v2lite-flashmla-dcp2": ("deepseek-v2-lite", "FLASHMLA", "none", 2, "auto", 64),
+    "v2lite-flashmla-fp8": ("deepseek-v2-lite", "FLASHMLA", "none", 1, "fp8", 64),
+    "v2lite-flashmla-dcp2-chain": ("deepseek-v2-lite", "FLASHMLA", "eagle-1x3", 2, "auto", 64),
+    "v2lite-flashinfer-dcp2": ("deepseek-v2-lite", "FLASHINFER_MLA", "none", 2, "auto", 64, "sm100"),
+    "v2lite-triton-dcp2-chain": ("deepseek-v2-lite", "TRITON_MLA", "eagle-1x3", 2, "auto", 16),
+    # GQA models on the backend `auto` resolves on SM90 (FLASH_ATTN)
+    "llama-flash-attn-fp8": ("llama-3.1-8b", "auto", "eagle-1x3", 1, "fp8", 64),
+    "mqa96-flash-attn-dcp2": ("mqa-96", "auto", "none", 2, "auto", 16),
 }
 
 
@@ -62,11 +90,85 @@ def _merge_fault(original: Any) -> Any:
     return cp_lse_ag_out_rs
 
 
+def _base_fault(original: Any) -> Any:
+    def cp_lse_ag_out_rs(cp_attn_out, cp_attn_lse, cp_group, ctx=None, return_lse=False, is_lse_base_on_e=True,
+                         **kwargs):
+        return original(cp_attn_out, cp_attn_lse, cp_group, ctx=ctx, return_lse=return_lse,
+                        is_lse_base_on_e=not is_lse_base_on_e, **kwargs)
+
+    return cp_lse_ag_out_rs
+
+
+def _scale_fault(original: Any) -> Any:
+    def flash_mla_with_kvcache(*args, softmax_scale=None, **kwargs):
+        return original(*args, softmax_scale=softmax_scale * 1.05, **kwargs)
+
+    return flash_mla_with_kvcache
+
+
+def _descale_fault(original: Any) -> Any:
+    def flash_mla_with_kvcache_fp8(*args, descale_k=None, **kwargs):
+        import torch
+
+        return original(*args, descale_k=torch.ones_like(descale_k), **kwargs)
+
+    return flash_mla_with_kvcache_fp8
+
+
+def _prefill_merge_fault(original: Any) -> Any:
+    def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, *args, **kwargs):
+        import torch
+
+        equal = torch.zeros_like(prefix_lse)
+        # the context's empty rows keep their LSE (nothing attended), every other weight is equal
+        prefix = torch.where(torch.isinf(prefix_lse), prefix_lse, equal)
+        return original(output, prefix_output, prefix, suffix_output, torch.where(torch.isinf(suffix_lse),
+                                                                                  suffix_lse, equal),
+                        *args, **kwargs)
+
+    return merge_attn_states
+
+
 FAULTS = {
     "decode-drops-last-token": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
                                 _decode_fault),
     "merge-ignores-lse": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _merge_fault),
+    "merge-lse-base-swapped": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _base_fault),
+    "flashmla-scale-x1.05": ("vllm.third_party.flashmla.flash_mla_interface", "flash_mla_with_kvcache",
+                             _scale_fault),
+    "flashmla-k-descale-ignored": ("vllm.v1.attention.ops.flashmla", "flash_mla_with_kvcache_fp8", _descale_fault),
+    "prefill-merge-equal-weights": ("vllm.v1.attention.ops.merge_attn_states", "merge_attn_states",
+                                    _prefill_merge_fault),
 }
+#: vLLM modules that bind the faulted functions by name (imported before the fault is put in).
+BINDERS = ("vllm.v1.attention.backends.mla.triton_mla", "vllm.v1.attention.backends.mla.flashmla",
+           "vllm.v1.attention.backends.mla.flashinfer_mla", "vllm.model_executor.layers.attention.mla_attention")
+
+
+@contextlib.contextmanager
+def library_present() -> Iterator[None]:
+    """This host as a GPU host with FlashMLA built: ``torch.ops._flashmla_C.dense_decode_fwd`` is a callable
+    (the float64 function, set directly, unlogged) and ``real_kernels_missing`` finds it loaded.
+
+    What a GPU run changes, and nothing else: the adapter declares level
+    ``backend`` and the same driver calls whatever ``torch.ops`` holds,
+    installing no emulation.
+    """
+    import torch
+
+    from pytest_mla.engines.vllm import kernel_source
+    from pytest_mla.kernels.emulated import flashmla
+
+    namespace = torch.ops._flashmla_C
+    saved_missing = kernel_source.real_kernels_missing
+    kernel_source.real_kernels_missing = lambda backend, path, where, capability: (
+        None if backend == "FLASHMLA" and path == "decode" else "not this backend")
+    namespace.dense_decode_fwd = flashmla.dense_decode_fwd
+    try:
+        yield
+    finally:
+        kernel_source.real_kernels_missing = saved_missing
+        del namespace.dense_decode_fwd
 
 
 @contextlib.contextmanager
@@ -74,6 +176,15 @@ def injected(fault: str) -> Iterator[None]:
     """Replace one vLLM function, and every vLLM module's binding of it, for the block."""
     if fault == "none":
         yield
+        return
+    if fault == "library-present":
+        from pytest_mla.engines.vllm import checks as vllm_backend
+        from pytest_mla.engines.vllm import VLLMEngine
+
+        vllm_backend.adopt_factory(VLLMEngine)
+        vllm_backend.prepare_process()
+        with library_present():
+            yield
         return
     import importlib
 
@@ -83,7 +194,8 @@ def injected(fault: str) -> Iterator[None]:
     vllm_backend.adopt_factory(VLLMEngine)  # a rank process has no engine yet: make it as the runner would
     vllm_backend.prepare_process()  # the Triton mode and the engine's import, as the runner does
     module_name, attr, make = FAULTS[fault]
-    importlib.import_module("vllm.v1.attention.backends.mla.triton_mla")
+    for binder in BINDERS:
+        importlib.import_module(binder)
     module = importlib.import_module(module_name)
     original = getattr(module, attr)
     faulty = make(original)
@@ -99,11 +211,11 @@ def injected(fault: str) -> Iterator[None]:
 
 
 def run(inputs: Any, ctx: Any, options: Any) -> Any:
-    """The TRITON_MLA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (for distributed ranks)."""
-    from pytest_mla.engines.vllm.startup import run_triton_mla
+    """The MLA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (for distributed ranks)."""
+    from pytest_mla.engines.vllm.startup import run_mla
 
     with injected(os.environ.get(FAULT_ENV, "none")):
-        return run_triton_mla(inputs, ctx, options)
+        return run_mla(inputs, ctx, options)
 
 
 def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str, Any]:
@@ -115,10 +227,10 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     from pytest_mla.kernels import harness
     from pytest_mla.runner import run_check
 
-    model, backend, spec, dcp, kv, page = CASES[case_id]
+    model, backend, spec, dcp, kv, page, *arch = CASES[case_id]
     matrix = load_matrix(ROOT / "matrix" / "vllm.toml")
-    want = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": "sm90", "kv_dtype": kv,
-            "page_size": page}
+    want = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": (arch or ["sm90"])[0],
+            "kv_dtype": kv, "page_size": page}
     cell = next(c for c in matrix.cells() if all(c.coords.get(k) == v for k, v in want.items()))
     configured = VLLMEngine().configure(cell, matrix.models[model])
     kernel = configured.kernel
@@ -147,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                 record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=False)
         errors = record.get("errors") or {}
         print(json.dumps({"scenario": scenario, "status": record.get("status"), "finding": record.get("finding", False),
+                          "level": record.get("level"), "emulated": record.get("emulated"),
+                          "variants": [v.get("status") for v in record.get("variants") or []],
                           "message": record.get("message"), "function": record.get("function"),
                           "functions": record.get("functions"), "max_abs": (errors.get("out") or {}).get("max_abs_err"),
                           "reason": record.get("reason")}), flush=True)

@@ -30,6 +30,14 @@ def decode_rank(q, rows, d_v, positions, seqlen, scale, tree_mask, raise_in):
     """Attention of one request over this rank's rows: ``(out [s_q, h, d_v], lse [h, s_q])``."""
     if raise_in == "decode":
         raise ValueError("too many values to unpack (expected 2)")
+    if raise_in == "emulation":  # an emulated kernel the engine calls, asked for what it does not model
+        from pytest_mla.kernels.emulated.glue import OutOfContractError
+
+        raise OutOfContractError("page_size", "16: the kernel supports pages of 64 tokens only")
+    if raise_in == "out-of-range":  # the engine handed an emulated kernel a page id outside the cache
+        from pytest_mla.kernels.emulated.glue import OutOfRangeRead
+
+        raise OutOfRangeRead("block_table", "index 77 at 3 is outside [0, 12)")
     s_q = q.shape[0]
     k = rows.float()  # [n, 1, d_qk]
     v = k[..., :d_v]  # MLA: V is the first d_v columns of the latent row

@@ -74,6 +74,22 @@ def test_exception_in_engine_code_is_a_finding_naming_the_function(dcp):
     assert all(f.endswith(")") and f.split(" (line ")[1][:-1].isdigit() for f in info.value.frames)
 
 
+@pytest.mark.parametrize("dcp_mode", ["in-process", "distributed"])
+def test_emulation_out_of_contract_is_not_run_never_a_finding(dcp_mode):
+    """An emulated kernel asked for what it does not model: the cell is not-run with that one line (issue 21)."""
+    from pytest_mla.kernels.engine_runner import EngineCannotRun
+
+    with pytest.raises(EngineCannotRun, match="^emulated kernel out of contract: page_size: 16: the kernel supports "
+                                              "pages of 64 tokens only$"):
+        run_engine_check(case(2), spec(raise_in="emulation"), dcp_mode=dcp_mode, timeout_s=120)
+
+
+def test_out_of_range_index_the_engine_hands_an_emulation_is_its_finding():
+    with pytest.raises(BackendRaised) as info:
+        run_engine_check(case(2), spec(raise_in="out-of-range"))
+    assert info.value.error == "OutOfRangeRead" and info.value.function == "tests.kernels.fake_engine:decode_rank"
+
+
 def test_exception_outside_the_engine_package_is_not_a_finding():
     bad = KernelSpec("fake", "tests.kernels.fake_engine:run", protocol="engine", level="backend",
                      package="not_this_package", options=(("raise_in", "decode"),))

@@ -1,26 +1,31 @@
-"""vLLM's own attention backend, run per DCP rank on this host (engine checks, issue 11).
+"""vLLM's own attention backends, run per DCP rank on this host (engine checks, issues 11 and 21).
 
-``run_triton_mla`` is an engine runner (``kernels/engine_check.py``): for one
-DCP rank it builds, with vLLM's own classes and the cell's configuration,
+``run_mla`` is an engine runner (``kernels/engine_check.py``): for one DCP
+rank it builds, with vLLM's own classes and the cell's configuration,
 
-* the attention layer: a real ``MLAAttention`` with ``TritonMLABackend``
-  (its ``TritonMLAImpl``, its ``MLADCPManager`` choosing the DCP merge, its
-  KV-cache quantisation scales); the model's absorption weights are the
-  identity (``W_UK_T``, ``W_UV``), so the layer's own query preparation and
-  output projection pass the harness's latent query and the latent output
-  through unchanged;
+* the attention layer: a real ``MLAAttention`` on the backend vLLM selected
+  (TRITON_MLA, FLASHMLA, FLASH_ATTN_MLA, FLASHINFER_MLA, CUTLASS_MLA: its
+  impl, its ``MLADCPManager`` choosing the DCP merge, its MLA prefill
+  backend, its KV-cache scales); the model's absorption weights are the
+  identity (``W_UK_T``, ``W_UV``, ``kv_b_proj``), so the layer's own query
+  preparation, output projection and MHA up-projection pass the harness's
+  latent query and the latent output through unchanged;
 * the rank's shard of the KV cache: slots computed by the V2 model runner's
   ``_compute_slot_mappings_kernel`` (block table shared by the ranks, token
   ``p`` on rank ``(p // I) % N``), its ``prepare_dcp_local_seq_lens`` for
   the local lengths;
-* the attention metadata: ``TritonMLAMetadataBuilder.build`` on a
+* the attention metadata: vLLM's ``AttentionGroup`` (kernel block size,
+  block table in kernel blocks) and the backend's builder on a
   ``CommonAttentionMetadata`` as ``build_attn_metadata`` fills it;
 
-then calls ``MLAAttention.forward_impl``: ``_prepare_mqa_query`` (the DCP
-all-gather of the query heads), ``TritonMLAImpl.forward_mqa`` (vLLM's Triton
-``decode_attention_fwd``), the DCP combine the manager selected
-(``cp_lse_ag_out_rs``: all-gather of the LSEs, ``correct_attn_out``, reduce-
-scatter of the heads) and ``_v_up_proj``. The rank returns its heads.
+then calls ``MLAAttention.forward_impl``: the decode path (``_prepare_mqa_query``
+with the DCP all-gather of the query heads, the impl's ``forward_mqa``, the
+DCP combine the manager selected, ``_v_up_proj``) or, for the verify rows the
+builder classes as prefills, ``forward_mha`` (vLLM's MLA prefill: new-token
+and context attention, the DCP context gather, the state merge). The rank
+returns its heads. ``run_attn`` does the same for GQA models with vLLM's
+``Attention`` layer (TRITON_ATTN, FLASH_ATTN). Which compiled calls are real
+and which are float64 emulations is ``kernel_source``'s business.
 
 The DCP group is a stand-in for vLLM's ``GroupCoordinator`` (``world_size``,
 ``rank_in_group``, ``all_gather``, ``reduce_scatter``) over the harness's
@@ -44,9 +49,8 @@ import threading
 from typing import Any, Iterator, Mapping
 
 PACKAGE = "vllm"
-RUNNER = "pytest_mla.engines.vllm.startup:run_triton_mla"  # the adapter module: it makes the process's engine first
+RUNNER = "pytest_mla.engines.vllm.startup:run_mla"  # the adapter module: it makes the process's engine first
 #: The function that computes the attention (the kernel record names it).
-TRITON_MLA_FUNCTION = "vllm.v1.attention.backends.mla.triton_mla:TritonMLAImpl.forward_mqa"
 LAYER_NAME = "model.layers.0.self_attn.attn"
 #: ``max_model_len`` of the checks' stand-in model config (sizes workspaces only).
 MAX_MODEL_LEN = 4096
@@ -66,7 +70,7 @@ _lock = threading.RLock()
 
 #: An ``AttributeError`` naming one of this module's stand-ins: vLLM read something the stand-in
 #: lacks, the adapter's fault (``AdapterError``), never the engine's.
-_STAND_IN = re.compile(r"'(\w+View|SimpleNamespace|_StandInConfig|_Group|_ThreadGroup|_NoCollectives)' object has no "
+_STAND_IN = re.compile(r"'(\w+View|SimpleNamespace|_StandInConfig|_Group|_InProcessGroup|_ThreadGroup|_NoCollectives)' object has no "
                        r"attribute")
 
 
@@ -138,8 +142,9 @@ class _Group:
         self.rank = collectives.rank
         self.ranks = list(range(collectives.world))
         self.device = device
-        self.device_group = collectives.process_group
-        self.cpu_group = collectives.process_group
+        group = collectives.process_group
+        self.device_group = group if group is not None or collectives.world == 1 else _InProcessGroup(collectives)
+        self.cpu_group = self.device_group
         self.unique_name = "dcp:pytest-mla"
 
     def all_gather(self, input_: Any, dim: int = -1) -> Any:
@@ -157,6 +162,91 @@ class _Group:
 
     def all_reduce(self, input_: Any) -> Any:
         return input_ if self.world_size == 1 else self._c.all_reduce(input_.contiguous())
+
+
+class _InProcessGroup:
+    """The ``device_group`` of in-process ranks: what ``torch.distributed`` calls name as ``group=``.
+
+    vLLM's MLA prefill gathers the DCP ranks' context with
+    ``torch.distributed.all_gather_into_tensor(out, local, group=dcp.device_group)``
+    (``MLADCPManager.init_kv_gather``); ``torch_collectives_in_process`` routes
+    such a call to the harness's collectives, as NCCL would route it to the ranks.
+    """
+
+    def __init__(self, collectives: Any) -> None:
+        self.collectives = collectives
+
+
+_torch_patch = {"count": 0, "original": None}
+
+
+@contextlib.contextmanager
+def torch_collectives_in_process() -> Iterator[None]:
+    """``torch.distributed.all_gather_into_tensor`` on an ``_InProcessGroup`` runs on its collectives (refcounted)."""
+    import torch
+    import torch.distributed as dist
+
+    def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Any:
+        if not isinstance(group, _InProcessGroup):
+            return _torch_patch["original"](output_tensor, input_tensor, group=group, async_op=async_op)
+        output_tensor.copy_(torch.cat(group.collectives.all_gather(input_tensor.contiguous()), dim=0))
+        return None
+
+    with _lock:
+        if _torch_patch["count"] == 0:
+            _torch_patch["original"] = dist.all_gather_into_tensor
+            dist.all_gather_into_tensor = all_gather_into_tensor
+        _torch_patch["count"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _torch_patch["count"] -= 1
+            if _torch_patch["count"] == 0:
+                dist.all_gather_into_tensor = _torch_patch["original"]
+
+
+class _ThreadWorkspaces:
+    """``vllm.v1.worker.workspace._manager`` while checks run: one ``WorkspaceManager`` per rank thread.
+
+    vLLM makes one per worker process (``init_workspace_manager``, called by
+    the GPU worker); in-process ranks taking turns would otherwise share its
+    scratch buffers across a collective (FLASH_ATTN's DCP context output).
+    """
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+        self._local = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        manager = getattr(self._local, "manager", None)
+        if manager is None:
+            from vllm.v1.worker.workspace import WorkspaceManager
+
+            manager = self._local.manager = WorkspaceManager(self._device)
+        return getattr(manager, name)
+
+
+_workspaces = {"count": 0, "saved": None}
+
+
+@contextlib.contextmanager
+def rank_workspaces(device: Any) -> Iterator[None]:
+    """Each rank thread has its own vLLM ``WorkspaceManager`` on ``device`` (refcounted over the ranks)."""
+    import vllm.v1.worker.workspace as workspace
+
+    with _lock:
+        if _workspaces["count"] == 0:
+            _workspaces["saved"] = workspace._manager
+            workspace._manager = _ThreadWorkspaces(device)
+        _workspaces["count"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _workspaces["count"] -= 1
+            if _workspaces["count"] == 0:
+                workspace._manager = _workspaces["saved"]
 
 
 class _ThreadGroup:
@@ -196,9 +286,7 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
     parallel.set_dcp_defaults()  # what VllmConfig.__post_init__ does for models without a preference
     cache = CacheConfig(block_size=options["block_size"], cache_dtype=options["cache_dtype"])
     scheduler = SchedulerConfig(max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False)
-    compilation = CompilationConfig()
-    # VllmConfig.__post_init__ resolves this for the default inductor compile mode.
-    compilation.custom_ops.append("none")
+    compilation = _compilation_config(options)
     speculative = None
     if options["num_speculative_tokens"]:
         speculative = _view_of(SpeculativeConfig)()
@@ -208,6 +296,34 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
         model_config=model_config, parallel_config=parallel, cache_config=cache, scheduler_config=scheduler,
         compilation_config=compilation, attention_config=AttentionConfig(), kernel_config=KernelConfig(),
         speculative_config=speculative)
+
+
+def _compilation_config(options: Mapping[str, Any]) -> Any:
+    """vLLM's ``CompilationConfig``, with the CUDA-graph mode and capture size the start-up resolved for the cell.
+
+    Builders size their persistent buffers and split counts by them
+    (``options["cudagraph_mode"]``, ``max_cudagraph_capture_size``; absent:
+    the class default, which the Triton builders do not read).
+    """
+    from vllm.config import CompilationConfig
+
+    compilation = CompilationConfig()
+    # VllmConfig.__post_init__ resolves this for the default inductor compile mode.
+    compilation.custom_ops.append("none")
+    if options.get("cudagraph_mode"):
+        from vllm.config.compilation import CUDAGraphMode
+
+        compilation.cudagraph_mode = CUDAGraphMode[options["cudagraph_mode"]]
+        compilation.max_cudagraph_capture_size = options.get("max_cudagraph_capture_size")
+    return compilation
+
+
+def _startup_compilation(options: dict[str, Any], startup: Any) -> None:
+    """The start-up's resolved CUDA-graph settings into the check's options (see ``_compilation_config``)."""
+    if startup is not None:
+        compilation = startup.vllm_config.compilation_config
+        options["cudagraph_mode"] = compilation.cudagraph_mode.name
+        options["max_cudagraph_capture_size"] = compilation.max_cudagraph_capture_size
 
 
 _views: dict[type, type] = {}
@@ -252,7 +368,10 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
         if holder is None:
             holder = _state["dcp"] = _ThreadGroup()
     major, minor = (int(x) for x in capability.split("."))
-    engine._platform_cls.capability = engine._capability(major, minor)
+    wanted = engine._capability(major, minor)
+    if engine._platform_cls.capability_now != wanted:  # the faked GPU answers the check's arch
+        engine._platform_cls.capability_now = wanted
+        engine._clear_config_caches()  # selections vLLM cached for another arch
     saved_dcp, saved_dtype = parallel_state._DCP, torch.get_default_dtype()
     saved_env = {name: os.environ.get(name) for name in NO_SYMMETRIC_MEMORY}
     if group is not None and group.device.type == "cpu":
@@ -261,7 +380,7 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
     parallel_state._DCP = holder if group is not None else None
     torch.set_default_dtype(config.model_config.dtype)
     try:
-        with set_current_vllm_config(config):
+        with set_current_vllm_config(config), torch_collectives_in_process():
             yield
     finally:
         torch.set_default_dtype(saved_dtype)
@@ -274,32 +393,84 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
         holder.bind(None)
 
 
+def backend_class(name: str) -> Any:
+    """The class vLLM registers for the ``AttentionBackendEnum`` member ``name``."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    return AttentionBackendEnum[name].get_class()
+
+
+def _latent_kv_b_proj(heads: int, dtype: Any, device: Any) -> Any:
+    """``kv_b_proj`` of a model whose per-head K_nope and V are the latent itself (identity blocks).
+
+    vLLM's MHA (prefill) path up-projects the cached latent ``c`` with
+    ``kv_b_proj(c)[0].view(-1, heads, qk_nope_head_dim + v_head_dim)``; with
+    ``qk_nope_head_dim = v_head_dim = kv_lora_rank`` and identity blocks each
+    head gets ``(k_nope, v) = (c, c)``, so the MHA computes the same attention
+    as the absorbed MQA decode (``W_UK_T`` = ``W_UV`` = identity). Called as a
+    ``ColumnParallelLinear`` is (returns ``(output, bias)``); its (empty)
+    ``weight`` carries the dtype and device vLLM reads from it.
+    """
+    import torch
+
+    class LatentKvBProj(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
+            self.params_dtype = dtype
+
+        def forward(self, latent: Any) -> tuple[Any, None]:
+            return latent.repeat(*([1] * (latent.dim() - 1)), 2 * heads), None
+
+    return LatentKvBProj()
+
+
 def _build_layer(options: Mapping[str, Any], scale: float, device: Any) -> Any:
-    """vLLM's ``MLAAttention`` on ``TritonMLABackend``, absorption weights the identity.
+    """vLLM's ``MLAAttention`` on the cell's backend, absorption weights the identity.
 
     ``qk_nope_head_dim = v_head_dim = kv_lora_rank`` makes ``W_UK_T`` and
     ``W_UV`` square: set to the identity (what ``process_weights_after_loading``
-    would derive from ``kv_b_proj``), ``_prepare_mqa_query`` turns the
-    harness's latent query into itself and ``_v_up_proj`` returns the latent
-    output. The decode path reads no other model dimension.
+    would derive from ``kv_b_proj``, here ``_latent_kv_b_proj``),
+    ``_prepare_mqa_query`` turns the harness's latent query into itself and
+    ``_v_up_proj`` returns the latent output; the MHA prefill path sees the
+    latent as K_nope and V. The MLA prefill backend is the one vLLM selects for
+    the model's own dimensions (its selector reads the model config).
     """
     import torch
     from vllm.config import get_current_vllm_config
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
-    from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
 
     config = get_current_vllm_config()
     rank = options["kv_lora_rank"]
     heads = options["num_heads"] // options["tp"]
-    kv_b_proj = torch.nn.Linear(1, 1, device=device)  # only its device is read before weight loading
+    kv_b_proj = _latent_kv_b_proj(heads, config.model_config.dtype, device)
     layer = MLAAttention(num_heads=heads, scale=scale, qk_nope_head_dim=rank,
                          qk_rope_head_dim=options["qk_rope_head_dim"], v_head_dim=rank, q_lora_rank=None,
                          kv_lora_rank=rank, kv_b_proj=kv_b_proj, cache_config=config.cache_config,
-                         prefix=LAYER_NAME, attn_backend=TritonMLABackend)
+                         prefix=LAYER_NAME, attn_backend=backend_class(options.get("backend", "TRITON_MLA")))
     eye = torch.eye(rank, dtype=config.model_config.dtype, device=device)
     layer.W_UK_T = eye.expand(heads, rank, rank).contiguous()
     layer.W_UV = eye.expand(heads, rank, rank).contiguous()
     return layer
+
+
+def _set_kv_scales(layer: Any, kv_scale: float | None) -> None:
+    """The layer's KV-cache scales as a checkpoint that stores them sets them (``BaseKVCacheMethod``).
+
+    ``process_weights_after_loading`` copies the checkpoint's ``k_scale`` /
+    ``v_scale`` into ``_k_scale`` / ``_v_scale`` and their floats; a checkpoint
+    without them leaves 1.0. The query scale stays 1.0 (no ``q_scale`` in
+    these checkpoints).
+    """
+    if kv_scale is None:
+        return
+    for name in ("_k_scale", "_v_scale"):
+        getattr(layer, name).fill_(float(kv_scale))
+    layer._k_scale_float = float(kv_scale)
+    layer._v_scale_float = float(kv_scale)
+    for name in ("_k_scale_cpu", "_v_scale_cpu"):
+        if hasattr(layer, name):
+            setattr(layer, name, getattr(layer, name[:-4]).detach().to("cpu"))
 
 
 # ---- the rank's shard, as vLLM's model runner lays it out ---------------------------------------
@@ -399,37 +570,84 @@ def _dense_rows(cache: Any, block_table: Any, i: int, n: int) -> Any:
 # ---- the runner ---------------------------------------------------------------------------------
 
 
-def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """One DCP rank of vLLM's TRITON_MLA decode / chain verify; its heads after vLLM's merge."""
+def _new_tokens(inputs: Any, s_q: int, kv_scale: float | None) -> tuple[Any, Any]:
+    """``(k_c_normed [b*s_q, kv_lora_rank], k_pe [b*s_q, 1, rope])``: each request's last ``s_q`` cached rows.
+
+    What the model computed for the tokens being verified (the cache holds them
+    too, written before attention runs); an fp8 cache's rows dequantised, the
+    values the model had before the write quantised them.
+    """
+    import torch
+
+    d_v = inputs.head_dim_v
+    rows = []
+    for i, n in enumerate(int(x) for x in inputs.cache_seqlens.tolist()):
+        dense = _dense_rows(inputs.kv_cache, inputs.block_table, i, n)[n - s_q:, 0]  # [s_q, d_qk]
+        value = dense.to(torch.float64) * (kv_scale if kv_scale is not None else 1.0)
+        rows.append(value.to(inputs.q.dtype))
+    latent = torch.cat(rows)
+    return latent[:, :d_v].contiguous(), latent[:, None, d_v:].contiguous()
+
+
+def _attention_group(backend_cls: Any, spec: Any, config: Any, device: Any) -> Any:
+    """vLLM's ``AttentionGroup`` of the layer with its metadata builder, as ``init_attn_backend`` makes it.
+
+    The kernel block size is ``select_common_block_size`` of the cell's block
+    size (what ``prepare_kernel_block_sizes`` picks for an unpacked cache);
+    when it is smaller, the group maps the block table to kernel blocks
+    (``AttentionGroup.build_metadata``) and the cache is viewed in kernel blocks.
+    """
+    from vllm.v1.worker.utils import AttentionGroup, select_common_block_size
+
+    group = AttentionGroup(backend_cls, [LAYER_NAME], spec, 0)
+    kernel_block_size = select_common_block_size(spec.block_size, [backend_cls], [spec])
+    group.create_metadata_builders(config, device, kernel_block_size=kernel_block_size)
+    return group, kernel_block_size
+
+
+def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """One DCP rank of vLLM's MLA layer on the cell's backend (decode or chain verify); its heads after vLLM's merge.
+
+    ``options["backend"]`` names the ``AttentionBackendEnum`` member,
+    ``options["level"]`` the kernel source (``kernel_source``): ``backend``
+    calls what vLLM binds, ``emulated`` replaces the compiled calls of the path
+    vLLM's builder chose with float64 emulations and reports those that ran.
+    """
     # The engine (its faked platform) first: vLLM's backend modules bind ``current_platform``
     # when imported, and a distributed rank process imports them here for the first time.
     engine = prepare_process()
     import torch
     from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
     from vllm.v1.attention.backend import CommonAttentionMetadata
-    from vllm.v1.attention.backends.mla.triton_mla import TritonMLAMetadataBuilder
     from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-    from ...kernels.engine_runner import EngineCannotRun, RankResult
+    from ...core.errors import AdapterError
+    from ...kernels.engine_runner import RankResult
+    from . import kernel_source
 
     world, rank = ctx.world, ctx.rank
     device = inputs.q.device
     b, s_q, h, d_qk = inputs.q.shape
+    backend = options.get("backend", "TRITON_MLA")
+    level = options.get("level", "backend")
     if options["num_heads"] // options["tp"] * world != h:
         raise ValueError(f"vllm runner: {h} query heads in the DCP group, expected "
                          f"{options['num_heads']} // tp {options['tp']} * dcp {world}")
     config = _vllm_config(engine, options)
     config.model_config.dtype = inputs.q.dtype  # the check's dtype is the model's
     group = _Group(ctx.collectives, device) if world > 1 else None
+    path = options.get("path", "decode")
+    names = kernel_source.calls_of(backend, path)
     # (the harness applies kernels.interpreter.interpreter_fixes around every interpreted engine check)
-    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group):
+    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group), \
+            kernel_source.kernel_source(level, names) as log, kernel_source.host_buffers(device) as host:
         layer = _build_layer(options, inputs.softmax_scale, device)
-        if inputs.kv_scale is not None:
-            layer._k_scale.fill_(inputs.kv_scale)
-            layer._k_scale_float = float(inputs.kv_scale)
+        _set_kv_scales(layer, inputs.kv_scale)
         spec = layer.get_kv_cache_spec(config)
-        builder = TritonMLAMetadataBuilder(spec, [LAYER_NAME], config, device)
+        attn_group, kernel_block = _attention_group(layer.attn_backend, spec, config, device)
+        builder = attn_group.get_metadata_builder()
         cache, table, local = _rank_cache(inputs, config, rank, world, ctx.interleave, spec)
+        cache = cache.view(-1, kernel_block, cache.shape[-1])  # kernel blocks: the same memory
         seq_lens = inputs.cache_seqlens.to(device=device, dtype=torch.int32)
         qsl = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32)
         common = CommonAttentionMetadata(
@@ -440,29 +658,47 @@ def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             dcp_local_seq_lens=local, dcp_local_seq_lens_cpu_upper_bound=local.cpu() if local is not None else None,
             is_prefilling=torch.zeros(b, dtype=torch.bool, device=device))
         # The builder's own decode/prefill split, as its build() makes it: rows past its
-        # reorder threshold go to the MHA prefill path (a CUDA kernel).
+        # reorder threshold go to the MHA prefill path.
         decodes, prefills, _, _ = split_decodes_and_prefills(
             common, decode_threshold=builder.reorder_batch_threshold,
             require_uniform=builder.query_len_support != QueryLenSupport.VARLEN,
             treat_short_extends_as_decodes=not builder.use_pcp)
-        if prefills:
-            raise EngineCannotRun(_prefill_reason(layer, prefills, builder, s_q))
-        metadata = builder.build(0, common)
+        taken = "prefill" if prefills else "decode"
+        if taken != path:
+            raise AdapterError("kernel check", f"vLLM's {type(builder).__name__} sends the {b} requests of {s_q} "
+                                               f"query tokens to the {taken} path (reorder_batch_threshold "
+                                               f"{builder.reorder_batch_threshold}); the check was declared for {path}")
+        metadata = attn_group.build_metadata(common)
         per = h // world
         heads = (rank * per, (rank + 1) * per)
         q = inputs.q.reshape(b * s_q, h, d_qk)[:, heads[0]:heads[1]].contiguous()
         rank_dim = options["kv_lora_rank"]
-        k_c = torch.zeros(b * s_q, rank_dim, dtype=q.dtype, device=device)  # read by prefill rows only
-        k_pe = torch.zeros(b * s_q, 1, d_qk - rank_dim, dtype=q.dtype, device=device)
+        if prefills:
+            k_c, k_pe = _new_tokens(inputs, s_q, inputs.kv_scale)
+        else:  # read by prefill rows only
+            k_c = torch.zeros(b * s_q, rank_dim, dtype=q.dtype, device=device)
+            k_pe = torch.zeros(b * s_q, 1, d_qk - rank_dim, dtype=q.dtype, device=device)
         output = torch.full((b * s_q, per * rank_dim), math.nan, dtype=q.dtype, device=device)
-        layer.forward_impl(q, k_c, k_pe, cache, metadata, output)
-        functions = [TRITON_MLA_FUNCTION,
-                     "vllm.model_executor.layers.attention.mla_attention:MLAAttention.forward_impl",
-                     "vllm.v1.attention.ops.triton_decode_attention:decode_attention_fwd"]
-        if world > 1:
-            functions.append(_combine_name(layer.dcp_manager.combine))
+        layer.forward_impl(q, k_c.to(device), k_pe.to(device), cache, metadata, output)
+        functions = ["vllm.model_executor.layers.attention.mla_attention:MLAAttention.forward_impl"]
+        if prefills:
+            functions.append(kernel_source.PREFILL_FUNCTION)
+            functions.append(f"{type(layer.prefill_backend).__module__}:{type(layer.prefill_backend).__qualname__}")
+        else:
+            functions.append(kernel_source.DECODE_FUNCTIONS[backend])
+            if backend == "TRITON_MLA":
+                functions.append("vllm.v1.attention.ops.triton_decode_attention:decode_attention_fwd")
+            if world > 1:
+                functions.append(_combine_name(layer.dcp_manager.combine))
+        emulated = tuple(log.called) if log is not None else ()
+        notes = tuple(host)
     out = output.view(b, s_q, per, rank_dim)
-    return RankResult(out, None, heads if world > 1 else None, tuple(functions))
+    return RankResult(out, None, heads if world > 1 else None, tuple(functions), notes=notes, emulated=emulated)
+
+
+def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """TRITON_MLA's check (``run_mla`` with ``backend`` TRITON_MLA), kept for the runners that name it."""
+    return run_mla(inputs, ctx, {**options, "backend": "TRITON_MLA"})
 
 
 def _combine_name(combine: Any) -> str:
@@ -470,25 +706,11 @@ def _combine_name(combine: Any) -> str:
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
-def _prefill_reason(layer: Any, prefills: int, builder: Any, s_q: int) -> str:
-    prefill = type(layer.prefill_backend).__name__ if layer.prefill_backend is not None else "none"
-    dcp = " (under DCP its threshold stays 1: no DCP support for multi-token decode rows)" \
-        if builder.dcp_world_size > 1 else ""
-    return (f"vLLM's TritonMLAMetadataBuilder classes the {prefills} verify requests of {s_q} query tokens "
-            f"as prefills: reorder_batch_threshold {builder.reorder_batch_threshold}{dcp}; they run "
-            f"MLAAttention.forward_mha on the MLA prefill backend {prefill}, a CUDA kernel that does not "
-            f"run on this host")
-
-
 # ---- what configure() declares --------------------------------------------------------------------
 
-#: vLLM MLA backends whose decode kernels are CUDA-only here: the compiled module or library each needs.
+#: vLLM MLA backends whose kernels have no check yet: the compiled callable each decode calls.
 GPU_BACKENDS = {
-    "FLASHMLA": "vllm._flashmla_C (FlashMLA)",
-    "FLASHINFER_MLA": "flashinfer (trtllm-gen MLA)",
-    "CUTLASS_MLA": "vllm._C's cutlass_mla_decode",
-    "FLASH_ATTN_MLA": "vllm.vllm_flash_attn._vllm_fa3_C (FlashAttention 3)",
-    "TOKENSPEED_MLA": "tokenspeed_mla",
+    "TOKENSPEED_MLA": "tokenspeed_mla:tokenspeed_mla_decode",
 }
 
 
@@ -500,19 +722,42 @@ def backend_name(path: str) -> str:
     return getattr(importlib.import_module(module), qualname).get_name()
 
 
-def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int) -> tuple[Any, str | None]:
-    """``(KernelSpec, None)`` when vLLM's own backend for this cell can run here, else ``(None, why)``."""
+def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
+               startup: Any = None) -> tuple[Any, str | None]:
+    """``(KernelSpec, None)`` when vLLM's own backend for this cell can run here, else ``(None, why)``.
+
+    ``startup`` (the adapter's ``Startup``) holds the metadata builder vLLM
+    constructed for the cell: its reorder threshold decides whether the
+    cell's query rows take the decode path or the MLA prefill path.
+    """
     from ...kernels._mode import ensure_triton_mode
+    from .kernel_source import DECODE_FUNCTIONS
 
     name = backend_name(path)
     where = ensure_triton_mode()
-    if name == "TRITON_MLA":
-        return _triton_mla_spec(engine, cell, model, tp, where), None
-    if name == "TRITON_ATTN" and not model.mla:
-        return _triton_attn_spec(engine, cell, model, tp), None
+    if name in ATTN_FUNCTIONS and not model.mla:
+        return _attn_spec(engine, cell, model, tp, where, name, startup), None
+    if name in DECODE_FUNCTIONS and model.mla:
+        return _mla_spec(engine, cell, model, tp, where, name, startup), None
     if name in GPU_BACKENDS:
         return gpu_backend_spec(name, cell, model, tp, where)
     return None, f"no engine check for vLLM's {name} backend on this host"
+
+
+def _path_of(cell: Any, startup: Any) -> str:
+    """"prefill" when vLLM's builder classes the cell's query rows as prefills, else "decode".
+
+    vLLM's ``split_decodes_and_prefills`` sends rows longer than the builder's
+    ``reorder_batch_threshold`` to ``forward_mha``: speculative verify on a
+    backend whose decode takes one token (CUTLASS_MLA) or, under DCP, on one
+    without DCP support for multi-token decode (TRITON_MLA, FLASHMLA).
+    """
+    from ...core.spec import parse_spec
+
+    s_q = parse_spec(str(cell.spec)).s_q
+    if startup is None or s_q == 1:
+        return "decode"
+    return "prefill" if s_q > startup.builder.reorder_batch_threshold else "decode"
 
 
 def _spec_tokens(cell: Any) -> tuple[int, str | None]:
@@ -531,46 +776,83 @@ def _mla_options(cell: Any, model: Any, tp: int) -> dict[str, Any]:
             "spec_method": method}
 
 
-def _triton_mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str) -> Any:
-    """The engine check of a TRITON_MLA cell.
+def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any) -> Any:
+    """The engine check of an MLA cell on ``name`` (``run_mla``), at the level this host allows.
 
-    The layer is first built (no kernel runs) under the cell's arch: if vLLM's
-    construction raises there (``TritonMLAImpl.__init__`` refuses FP8 KV
-    below SM89, say), the spec carries the arch so that the check raises the
-    same and records it; otherwise the check is the same numeric case for
-    every arch (vLLM's decode path reads no capability) and is shared.
+    The kernel source: the real kernels where ``kernel_source.real_kernels_missing``
+    finds them (level ``backend``), else the emulations of the path's compiled
+    calls (level ``emulated``); TRITON_MLA's decode needs none (Triton runs
+    here). TRITON_MLA's decode layer is first built (no kernel runs) under the
+    cell's arch: if vLLM's construction raises there (``TritonMLAImpl.__init__``
+    refuses FP8 KV below SM89, say), the spec carries the arch so that the
+    check raises the same and records it; otherwise that check is the same
+    numeric case for every arch and is shared. Every other check runs under
+    the cell's arch (the MLA prefill backend and the flash-attention version
+    follow it).
     """
     from ...core.kernelspec import KernelSpec
     from ...kernels.harness import _KV_DTYPES
+    from . import kernel_source
 
     options = _mla_options(cell, model, tp)
+    path = _path_of(cell, startup)
+    options["backend"] = name
+    options["path"] = path
+    if name != "TRITON_MLA":
+        _startup_compilation(options, startup)
     capability = _capability_of(cell.arch)
-    if _construction_raises(engine, options, capability):
+    calls = kernel_source.calls_of(name, path)
+    if not calls:
+        level = "backend"
+        if _construction_raises(engine, options, capability):
+            options["capability"] = capability
+    else:
+        level = "backend" if kernel_source.real_kernels_missing(name, path, where, capability) is None else "emulated"
+        if path == "prefill":  # see kernel_source.PREFILL_CALLS: no real kernel takes the check's 576-wide heads
+            level = "emulated"
         options["capability"] = capability
+    options["level"] = level
+    function = kernel_source.PREFILL_FUNCTION if path == "prefill" else kernel_source.DECODE_FUNCTIONS[name]
     dcp = options["dcp"]
     case = (("h_q", model.num_heads // tp * dcp), ("page_size", options["block_size"]),
             ("kv_dtype", _KV_DTYPES.get(options["cache_dtype"], options["cache_dtype"])), ("min_seqlen", 1))
-    return KernelSpec(name="TRITON_MLA", target=RUNNER, protocol="engine", level="backend",
-                      function=TRITON_MLA_FUNCTION, package=PACKAGE, returns_lse=False, tree_mask=False,
+    return KernelSpec(name=name, target=RUNNER, protocol="engine", level=level, function=function,
+                      package=PACKAGE, returns_lse=False, tree_mask=False,
                       options=tuple(sorted(options.items())), case=case)
 
 
-def _triton_attn_spec(engine: Any, cell: Any, model: Any, tp: int) -> Any:
-    """The engine check of a TRITON_ATTN cell of a GQA model (no DCP: its impl has no DCP support)."""
+def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any) -> Any:
+    """The engine check of a GQA cell on TRITON_ATTN or FLASH_ATTN (``run_attn``; no DCP check yet).
+
+    TRITON_ATTN runs its Triton kernel here (level ``backend``, shared over
+    archs unless the construction raises under the cell's); FLASH_ATTN runs
+    under the cell's arch (FA2 on SM80, FA3 on SM90) with flash-attention's
+    varlen kernel real on a GPU with it, else emulated.
+    """
     from ...core.kernelspec import KernelSpec
     from ...kernels.harness import _KV_DTYPES
+    from . import kernel_source
 
     tokens, method = _spec_tokens(cell)
     options = {"model": model.name, "num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
                "head_dim": model.head_dim, "tp": tp, "block_size": int(cell.page_size),
-               "cache_dtype": str(cell.kv_dtype or "auto"), "num_speculative_tokens": tokens, "spec_method": method}
+               "cache_dtype": str(cell.kv_dtype or "auto"), "num_speculative_tokens": tokens, "spec_method": method,
+               "backend": name, "dcp": max(cell.dcp, 1)}
     capability = _capability_of(cell.arch)
-    if _attn_construction_raises(engine, options, capability):
+    level = "backend"
+    if name == "TRITON_ATTN":
+        if _attn_construction_raises(engine, options, capability):
+            options["capability"] = capability
+    else:
         options["capability"] = capability
-    case = (("h_q", model.num_heads // tp), ("page_size", options["block_size"]),
+        _startup_compilation(options, startup)
+        level = "backend" if kernel_source.real_kernels_missing(name, "decode", where, capability) is None \
+            else "emulated"
+    options["level"] = level
+    case = (("h_q", model.num_heads // tp * options["dcp"]), ("page_size", options["block_size"]),
             ("kv_dtype", _KV_DTYPES.get(options["cache_dtype"], options["cache_dtype"])), ("min_seqlen", 1))
-    return KernelSpec(name="TRITON_ATTN", target=ATTN_RUNNER, protocol="engine", level="backend",
-                      function=TRITON_ATTN_FUNCTION, package=PACKAGE, returns_lse=False, tree_mask=False,
+    return KernelSpec(name=name, target=ATTN_RUNNER, protocol="engine", level=level,
+                      function=ATTN_FUNCTIONS[name], package=PACKAGE, returns_lse=False, tree_mask=False,
                       dcp_positions=False, options=tuple(sorted(options.items())), case=case)
 
 
@@ -649,18 +931,17 @@ def _construction_raises(engine: Any, options: Mapping[str, Any], capability: st
 
 
 def gpu_backend_spec(name: str, cell: Any, model: Any, tp: int, where: str) -> tuple[Any, str | None]:
-    """vLLM's CUDA-only MLA backends: on a GPU host of the cell's arch a check of the real backend."""
-    if where in ("interpreter", "cpu"):
-        return None, (f"vLLM's {name} backend runs CUDA kernels ({GPU_BACKENDS[name]}): needs an {cell.arch} "
-                      f"GPU; this host has none (Triton {where})")
-    return None, (f"vLLM's {name} backend on {where}: its engine check is not written yet "
-                  f"(see docs/engines.md, Kernel checks)")
+    """vLLM's MLA backends without a check here: ``not-run``, naming the callable that has no emulation."""
+    return None, (f"vLLM's {name} backend calls {GPU_BACKENDS[name]}, which has no emulation in "
+                  f"pytest_mla.kernels.emulated and no check of the real kernel yet (host: {where})")
 
 
 # ---- TRITON_ATTN (GQA models) -------------------------------------------------------------------
 
 TRITON_ATTN_FUNCTION = "vllm.v1.attention.backends.triton_attn:TritonAttentionImpl.forward"
-ATTN_RUNNER = "pytest_mla.engines.vllm.startup:run_triton_attn"
+ATTN_FUNCTIONS = {"TRITON_ATTN": TRITON_ATTN_FUNCTION,
+                  "FLASH_ATTN": "vllm.v1.attention.backends.flash_attn:FlashAttentionImpl.forward"}
+ATTN_RUNNER = "pytest_mla.engines.vllm.startup:run_attn"
 
 
 def _gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
@@ -676,10 +957,10 @@ def _gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
     model_config.max_model_len = MAX_MODEL_LEN
     model_config.rswa_window = None  # no reduced sliding window: a plain text model
     model_config.is_mm_prefix_lm = False
-    parallel = ParallelConfig(tensor_parallel_size=options["tp"], decode_context_parallel_size=1)
+    parallel = ParallelConfig(tensor_parallel_size=options["tp"], decode_context_parallel_size=options.get("dcp", 1))
+    parallel.set_dcp_defaults()
     cache = CacheConfig(block_size=options["block_size"], cache_dtype=options["cache_dtype"])
-    compilation = CompilationConfig()
-    compilation.custom_ops.append("none")
+    compilation = _compilation_config(options)
     speculative = None
     if options["num_speculative_tokens"]:
         speculative = _view_of(SpeculativeConfig)()
@@ -692,55 +973,109 @@ def _gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
         speculative_config=speculative)
 
 
-def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """vLLM's TRITON_ATTN (``TritonAttentionImpl.forward``: ``unified_attention``) for a GQA model, no DCP."""
-    engine = prepare_process()  # before vLLM's modules bind ``current_platform`` (see run_triton_mla)
+def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """vLLM's ``Attention`` layer for a GQA model, no DCP, on ``options["backend"]`` (TRITON_ATTN, FLASH_ATTN).
+
+    ``TritonAttentionImpl.forward`` runs ``unified_attention`` (Triton);
+    ``FlashAttentionImpl.forward`` calls flash-attention's varlen kernel,
+    emulated at level ``emulated`` (``kernel_source``).
+    """
+    engine = prepare_process()  # before vLLM's modules bind ``current_platform`` (see run_mla)
     import torch
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.v1.attention.backend import CommonAttentionMetadata
-    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionMetadataBuilder
 
     from ...kernels.engine_runner import RankResult
+    from . import kernel_source
 
-    if ctx.world != 1:
-        raise ValueError("vllm runner: TRITON_ATTN has no DCP (its impl has supports_dcp = False)")
+    backend = options.get("backend", "TRITON_ATTN")
+    world, rank = ctx.world, ctx.rank
     device = inputs.q.device
-    b, s_q, h, d = inputs.q.shape
+    b, s_q, h_group, d = inputs.q.shape
+    h = h_group // world  # this rank's query heads (the case holds the DCP group's)
     h_kv = inputs.kv_cache.shape[2]
     config = _gqa_config(engine, options)
     config.model_config.dtype = inputs.q.dtype
-    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), None):
+    level = options.get("level", "backend")
+    group = _Group(ctx.collectives, device) if world > 1 else None
+    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group), \
+            rank_workspaces(device), \
+            kernel_source.kernel_source(level, kernel_source.calls_of(backend, "decode")) as log, \
+            kernel_source.host_buffers(device) as host:
         layer = Attention(num_heads=h, head_size=d, scale=inputs.softmax_scale, num_kv_heads=h_kv,
-                          cache_config=config.cache_config, prefix=LAYER_NAME, attn_backend=TritonAttentionBackend)
-        if inputs.kv_scale is not None:
-            for scale in (layer._k_scale, layer._v_scale):
-                scale.fill_(inputs.kv_scale)
+                          cache_config=config.cache_config, prefix=LAYER_NAME, attn_backend=backend_class(backend))
+        _set_kv_scales(layer, inputs.kv_scale)
         spec = layer.get_kv_cache_spec(config)
-        builder = TritonAttentionMetadataBuilder(spec, [LAYER_NAME], config, device)
+        attn_group, kernel_block = _attention_group(layer.attn_backend, spec, config, device)
         block = config.cache_config.block_size
-        table, slots = _rank_slots(inputs, block, 0, 1, 1)
-        # TritonAttentionImpl.forward reads [num_blocks, num_kv_heads, block_size, 2 * head_size].
+        table, slots = _rank_slots(inputs, block, rank, world, ctx.interleave)
+        # Both impls read [num_blocks, num_kv_heads, block_size, 2 * head_size] (K and V side by side).
         cache = _nan_cache((inputs.kv_cache.shape[0], h_kv, block, 2 * d), spec.dtype, inputs.kv_cache.dtype, device)
         if slots.numel():
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             v = torch.cat([_dense_rows(inputs.v_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block)
+        if kernel_block != block:  # kernel blocks: [blocks * r, heads, kernel_block, 2d] over the same tokens
+            r = block // kernel_block
+            cache = cache.view(-1, h_kv, r, kernel_block, 2 * d).transpose(1, 2).reshape(-1, h_kv, kernel_block, 2 * d)
         seq_lens = inputs.cache_seqlens.to(device=device, dtype=torch.int32)
         qsl = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32)
+        local = None
+        if world > 1:
+            from vllm.v1.worker.gpu.cp_utils import prepare_dcp_local_seq_lens
+
+            local = prepare_dcp_local_seq_lens(torch.zeros(b, dtype=torch.int32, device=device), seq_lens, b, world,
+                                               rank, ctx.interleave, num_reqs_padded=b)
         common = CommonAttentionMetadata(
             query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq_lens,
             seq_lens_cpu_upper_bound=seq_lens.cpu(), max_seq_len=int(seq_lens.max()), num_reqs=b,
             num_actual_tokens=b * s_q, max_query_len=s_q, block_table_tensor=table,
-            slot_mapping=torch.full((b * s_q,), -1, dtype=torch.int64, device=device), causal=True)
-        metadata = builder.build(0, common)
-        q = inputs.q.reshape(b * s_q, h, d).contiguous()
-        kv = torch.zeros(b * s_q, h_kv, d, dtype=q.dtype, device=device)  # the new tokens are cached already
-        # Attention.forward hands the impl its output as [tokens, heads, head_size].
+            slot_mapping=torch.full((b * s_q,), -1, dtype=torch.int64, device=device), causal=True,
+            dcp_local_seq_lens=local, dcp_local_seq_lens_cpu_upper_bound=local.cpu() if local is not None else None)
+        metadata = attn_group.build_metadata(common)
+        heads = (rank * h, (rank + 1) * h)
+        q = inputs.q.reshape(b * s_q, h_group, d)[:, heads[0]:heads[1]].contiguous()
+        if world > 1:  # DCP attends the new tokens from the step's own K / V (the cache holds the context)
+            seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
+            k_new = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n)[n - s_q:]
+                               for i, n in enumerate(seqlens)])
+            v_new = torch.cat([_dense_rows(inputs.v_cache, inputs.block_table, i, n)[n - s_q:]
+                               for i, n in enumerate(seqlens)])
+            scale = inputs.kv_scale if inputs.kv_scale is not None else 1.0
+            key = (k_new.to(torch.float64) * scale).to(q.dtype)
+            value = (v_new.to(torch.float64) * scale).to(q.dtype)
+        else:  # the new tokens are cached already
+            key = value = torch.zeros(b * s_q, h_kv, d, dtype=q.dtype, device=device)
+        # Attention.forward hands the impl its output as [tokens, heads, head_size], in the model's dtype.
         output = torch.full((b * s_q, h, d), math.nan, dtype=q.dtype, device=device)
-        layer.impl.forward(layer, q, kv, kv, cache, metadata, output)
-    functions = (TRITON_ATTN_FUNCTION, "vllm.v1.attention.ops.triton_unified_attention:unified_attention")
-    return RankResult(output.view(b, s_q, h, d), None, None, functions)
+        # Attention.forward's first step (model_executor/layers/attention/attention.py, 0.34.0:537-552):
+        # an FP8 cache's query is quantised by the layer when the impl takes quantised queries. Not for
+        # TRITON_ATTN here: Triton's interpreter cannot multiply fp8 operands (the query is exact in
+        # the cache's format, so its values are those a quantised query has).
+        if backend != "TRITON_ATTN" and layer.query_quant is not None and layer.impl.supports_quant_query_input \
+                and q.dtype != current_platform_fp8():
+            q, _ = layer.query_quant(q, layer._q_scale)
+        layer.impl.forward(layer, q, key, value, cache, metadata, output)
+        emulated = tuple(log.called) if log is not None else ()
+        notes = tuple(host)
+    functions = (ATTN_FUNCTIONS[backend],) + (
+        ("vllm.v1.attention.ops.triton_unified_attention:unified_attention",) if backend == "TRITON_ATTN" else ())
+    if world > 1:
+        functions += ("vllm.v1.attention.backends.flash_attn:FlashAttentionImpl._forward_with_dcp",)
+    return RankResult(output.view(b, s_q, h, d), None, heads if world > 1 else None, functions, notes=notes,
+                      emulated=emulated)
+
+
+def current_platform_fp8() -> Any:
+    from vllm.platforms import current_platform
+
+    return current_platform.fp8_dtype()
+
+
+def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """TRITON_ATTN's check (``run_attn``), kept for the runners that name it."""
+    return run_attn(inputs, ctx, {**options, "backend": "TRITON_ATTN"})
 
 
 def _write_tokens(cache: Any, slots: Any, rows: Any, block: int) -> None:

@@ -261,7 +261,11 @@ class VLLMEngine:
     def _setup(self) -> None:
         from ..common.import_stubs import install_stubs
 
-        self.stubs = install_stubs(IMPORT_STUBS + COMPILED_STUBS, force=True)
+        import torch
+
+        # Without CUDA the compiled extensions cannot load against this torch: stub them all. With
+        # CUDA, those that load are left real (the kernel checks call them: level "backend").
+        self.stubs = install_stubs(IMPORT_STUBS + COMPILED_STUBS, force=not torch.cuda.is_available())
         logging.getLogger("vllm").setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -443,7 +447,8 @@ class VLLMEngine:
         label = startup.backend_name
         cls = startup.backend_cls
         tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
-        kernel, kernel_reason = vllm_backend.kernel_for(self, cell, model, f"{cls.__module__}.{cls.__qualname__}", tp)
+        kernel, kernel_reason = vllm_backend.kernel_for(self, cell, model, f"{cls.__module__}.{cls.__qualname__}", tp,
+                                                        startup)
         return Configured(backends={"decode": label, "prefill": label}, kernel=kernel, kernel_reason=kernel_reason,
                           notes=startup.notes)
 
@@ -999,10 +1004,22 @@ def _cuda_allocations_on_meta() -> Iterator[None]:
 VLLMEngine.stand_in_config_cls = _StandInConfig
 
 
+def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """``KernelSpec`` target: vLLM's own MLA layer on the cell's backend (``vllm_backend.run_mla``)."""
+    vllm_backend.adopt_factory(VLLMEngine)
+    return vllm_backend.run_mla(inputs, ctx, options)
+
+
 def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """``KernelSpec`` target: vLLM's own TRITON_MLA path (``vllm_backend``), on this process's adapter engine."""
     vllm_backend.adopt_factory(VLLMEngine)
     return vllm_backend.run_triton_mla(inputs, ctx, options)
+
+
+def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """``KernelSpec`` target: vLLM's own attention layer for a GQA model (``vllm_backend.run_attn``)."""
+    vllm_backend.adopt_factory(VLLMEngine)
+    return vllm_backend.run_attn(inputs, ctx, options)
 
 
 def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:

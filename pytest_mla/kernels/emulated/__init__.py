@@ -18,7 +18,7 @@ import importlib
 from typing import Any
 
 #: The library modules, in the order their entries appear in ``EMULATIONS``.
-LIBRARY_MODULES = ("flashinfer", "flashmla", "flash_attn", "cutlass_mla", "quant", "sglang_jit")
+LIBRARY_MODULES = ("flashinfer", "flashmla", "flash_attn", "cutlass_mla", "quant", "sglang_jit", "vllm_ops")
 
 __all__ = ["EMULATIONS", "LIBRARY_MODULES", "OutOfContractError", "emulation_for"]
 

@@ -1,8 +1,9 @@
 """flash-attention (FA3, as sgl-kernel 0.4.10 and vLLM 0.34.0's vllm_flash_attn expose it) and sgl-kernel's merge, in float64.
 
 Emulated callables: ``sgl_kernel.flash_attn:flash_attn_with_kvcache``,
-``sgl_kernel:merge_state_v2`` and ``vllm.vllm_flash_attn:flash_attn_varlen_func``
-(FA2 and FA3). The contract, all in one place:
+``sgl_kernel:merge_state_v2``, ``vllm.vllm_flash_attn:flash_attn_varlen_func``
+(FA2 and FA3) and FA3's ahead-of-time scheduler ``vllm.vllm_flash_attn:get_scheduler_metadata``.
+The contract, all in one place:
 
 * Scores ``softmax_scale · (q·k + qv·v)`` (``qv`` is FA3's fused second query,
   MLA passes ``q_rope`` as ``q``, the rope cache as ``k``, ``q_nope`` as ``qv``
@@ -20,10 +21,21 @@ Emulated callables: ``sgl_kernel.flash_attn:flash_attn_with_kvcache``,
   ``x · descale`` (q's and qv's by their KV head's q_descale); a missing descale
   is 1; the output is bf16 [hopper/test_util.py attention_ref].
 * LSE: **natural log** of the scaled scores. FA3 writes ``-inf`` for a row that
-  sees nothing (hopper/softmax.h since "Big refactor", Jan 2025); FA2 ``+inf``
+  sees nothing (hopper/softmax.h since "Big refactor", Jan 2025), FA4 too
+  (vllm_flash_attn/cute/softmax.py ``Softmax.finalize``: ``(row_max·scale_log2 +
+  log2 row_sum)·ln 2``, ``-inf`` for an empty row); FA2 ``+inf``
   (the note in vLLM's and SGLang's merge kernels: "FA3 returns -inf here while
   FA2 returns inf"). Layout: ``[b, H, seqlen_q]`` for batched q,
-  ``[H, total_q]`` with ``cu_seqlens_q`` [docstrings].
+  ``[H, total_q]`` with ``cu_seqlens_q`` [docstrings; FA4: cute/interface.py
+  ``_flash_attn_fwd`` ``lse_shape``].
+* ``fa_version=2``: vLLM's wrapper passes no descales to ``varlen_fwd``
+  (they are dropped; all three with a ``scheduler_metadata`` raise its
+  ``NotImplementedError``); ``q_v`` and context parallelism raise.
+* ``fa_version=4`` (vLLM's wrapper calls FA4's ``_flash_attn_fwd``): modelled
+  for bf16/fp16 inputs with the FA3 semantics above (the wrapper drops the
+  descales of non-fp8 inputs); it forwards no context-parallel arguments to
+  FA4, so context parallelism and fp8 are not modelled (raise). Head-dim limits are not modelled for any version (FA3 takes at
+  most 256, FA4 on SM90 512): a caller's head dims are not checked.
 * Paged KV: ``k_cache [num_pages, page_size, H_k, d]``, ``page_table [b, max_pages]``
   int32; only the pages holding a request's ``cache_seqlens`` / ``seqused_k``
   tokens are read, each must be a valid page id.
@@ -46,6 +58,13 @@ Emulated callables: ``sgl_kernel.flash_attn:flash_attn_with_kvcache``,
   alibi, ``s_aux``, mask_mod and the FA4-only arguments. ``num_splits``,
   ``pack_gqa``, ``sm_margin`` and ``scheduler_metadata`` only schedule the work
   and are not checked.
+* ``get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
+  num_heads_kv, headdim, cache_seqlens, ...)``: FA3's split schedule for a later
+  call with the same shapes, an int32 tensor of ``1 + round_up(batch_size, 4) ·
+  4`` entries (a tile-count semaphore, then four vectors per batch entry:
+  hopper/flash_api.cpp ``mha_fwd_get_scheduler_metadata``). The emulation
+  returns zeros of that size: the varlen emulation reads no schedule, so a
+  stale or wrong one is not detected (see "What an emulation cannot check").
 """
 
 from __future__ import annotations
@@ -57,7 +76,7 @@ import torch
 
 from .glue import OutOfContractError, as_float64, attend, bottom_right_visible, check_dtype, gather_pages, write_out
 
-__all__ = ["EMULATIONS", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_state_v2"]
+__all__ = ["EMULATIONS", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata", "merge_state_v2"]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -190,8 +209,12 @@ def flash_attn_varlen_func(
     assert cu_seqlens_k is not None or seqused_k is not None, "cu_seqlens_k or seqused_k must be provided"
     assert cu_seqlens_k is None or seqused_k is None, "cu_seqlens_k and seqused_k cannot be provided at the same time"
     assert block_table is None or seqused_k is not None, "seqused_k must be provided if block_table is provided"
-    if fa_version not in (2, 3):
-        raise OutOfContractError("fa_version", f"{fa_version}: FA2 and FA3 are modelled")
+    if fa_version not in (2, 3, 4):
+        raise OutOfContractError("fa_version", f"{fa_version}: FA2, FA3 and FA4 are modelled")
+    if fa_version == 4:
+        if cp_world_size > 1 or v.dtype in _FP8:  # vLLM's wrapper forwards no context-parallel arguments to FA4
+            raise OutOfContractError("fa_version", "FA4 with context parallelism or fp8 inputs is not modelled")
+        q_descale = k_descale = v_descale = None  # the wrapper drops the descales of non-fp8 inputs
     for flag, value in (("alibi_slopes", alibi_slopes), ("output_scale", output_scale), ("s_aux", s_aux),
                         ("mask_mod", mask_mod), ("block_sparse_tensors", block_sparse_tensors),
                         ("aux_tensors", aux_tensors), ("dynamic_causal", dynamic_causal),
@@ -202,9 +225,12 @@ def flash_attn_varlen_func(
         raise OutOfContractError("dropout_p", f"{dropout_p}: not modelled")
     if return_attn_probs:
         raise OutOfContractError("return_attn_probs", "not modelled")
-    if fa_version == 2 and (q_v is not None or cp_world_size > 1 or
-                            any(x is not None for x in (q_descale, k_descale, v_descale))):
-        raise OutOfContractError("fa_version", "FA2 takes no q_v, descales or context parallelism")
+    if fa_version == 2:
+        if scheduler_metadata is not None and all(x is not None for x in (q_descale, k_descale, v_descale)):
+            raise NotImplementedError("FA2 does not support scheduler_metadata, q_descale, k_descale, v_descale")
+        if q_v is not None or cp_world_size > 1:
+            raise OutOfContractError("fa_version", "FA2 takes no q_v or context parallelism")
+        q_descale = k_descale = v_descale = None  # the wrapper passes no descales to FA2's varlen_fwd
     window = tuple(int(w) for w in window_size) if window_size is not None else (-1, -1)
     if cp_world_size > 1:
         if not 0 <= cp_rank < cp_world_size:
@@ -291,9 +317,23 @@ def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
     return vm, sm
 
 
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                           cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
+                           cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
+                           causal=False, window_size=(-1, -1), has_softcap=False, num_splits=0, pack_gqa=None,
+                           sm_margin=0):
+    """``vllm.vllm_flash_attn.get_scheduler_metadata`` (FA3): a schedule of the library's size (see the contract)."""
+    check_dtype("cache_seqlens", cache_seqlens, (torch.int32,))
+    if cache_seqlens.numel() != int(batch_size):
+        raise OutOfContractError("cache_seqlens", f"{cache_seqlens.numel()} lengths for batch_size {batch_size}")
+    size = 1 + -(-int(batch_size) // 4) * 4 * 4
+    return torch.zeros(size, dtype=torch.int32, device=cache_seqlens.device)
+
+
 #: The real callable each emulation stands in for ("module:qualname") -> the emulation.
 EMULATIONS = {
     "sgl_kernel.flash_attn:flash_attn_with_kvcache": flash_attn_with_kvcache,
     "sgl_kernel:merge_state_v2": merge_state_v2,
     "vllm.vllm_flash_attn:flash_attn_varlen_func": flash_attn_varlen_func,
+    "vllm.vllm_flash_attn:get_scheduler_metadata": get_scheduler_metadata,
 }

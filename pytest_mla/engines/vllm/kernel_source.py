@@ -1,0 +1,211 @@
+"""Where the compiled kernels of a vLLM MLA check come from: the real libraries on a GPU, float64 emulations elsewhere.
+
+The driver (``checks.run_mla``) is the same code either way: it builds vLLM's
+layer, metadata builder, cache and DCP group and calls
+``MLAAttention.forward_impl``. Only the innermost compiled calls differ:
+
+* level ``backend``: a CUDA device of the cell's arch and the backend's
+  compiled entry points loaded for real (``real_kernels_missing`` says which
+  are not); nothing is replaced;
+* level ``emulated``: the entry points listed here are replaced for the run by
+  ``kernels.emulated`` (``emulations_installed``), each call logged; the
+  check reports the ones that ran.
+
+Which entry points a path reaches is read from vLLM 0.34.0's source (file:line
+in ``docs/engines.md``); an emulation asked for something outside its
+contract raises ``OutOfContractError`` and the cell is ``not-run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Iterator
+
+#: The compiled calls each backend's decode path (``forward_mqa``) makes, as ``module:qualname``.
+DECODE_CALLS: dict[str, tuple[str, ...]] = {
+    "TRITON_MLA": (),  # Triton: runs here (interpreter) and on a GPU alike
+    "FLASHMLA": ("torch.ops._flashmla_C:dense_decode_fwd",
+                 "torch.ops._flashmla_extension_C:fwd_kvcache_mla_fp8",
+                 "torch.ops._flashmla_extension_C:get_mla_decoding_metadata_dense_fp8"),
+    "FLASH_ATTN_MLA": ("vllm.vllm_flash_attn:flash_attn_varlen_func",
+                       "vllm.vllm_flash_attn:get_scheduler_metadata"),
+    "FLASHINFER_MLA": ("flashinfer.decode:trtllm_batch_decode_with_kv_cache_mla",
+                       "flashinfer.utils:get_device_sm_count",
+                       "flashinfer.utils:get_trtllm_gen_multi_ctas_kv_counter_bytes"),
+    "CUTLASS_MLA": ("vllm._custom_ops:sm100_cutlass_mla_decode",
+                    "vllm._custom_ops:sm100_cutlass_mla_get_workspace_size"),
+    # GQA models (``checks.run_attn``)
+    "TRITON_ATTN": (),
+    "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
+}
+#: The compiled calls of vLLM's MLA prefill path (``MLACommonBaseImpl.forward_mha`` on the
+#: FLASH_ATTN prefill backend): the varlen attention of the new tokens and of the cached
+#: context, the context gathers, the merge of the two states.
+PREFILL_CALLS = ("vllm.vllm_flash_attn:flash_attn_varlen_func",
+                 "vllm._custom_ops:cp_gather_cache",
+                 "vllm._custom_ops:gather_and_maybe_dequant_cache",
+                 "vllm._custom_ops:merge_attn_states")
+#: The impl method that computes decode attention, per backend (the kernel record's ``function``).
+DECODE_FUNCTIONS = {
+    "TRITON_MLA": "vllm.v1.attention.backends.mla.triton_mla:TritonMLAImpl.forward_mqa",
+    "FLASHMLA": "vllm.v1.attention.backends.mla.flashmla:FlashMLAImpl.forward_mqa",
+    "FLASH_ATTN_MLA": "vllm.v1.attention.backends.mla.flashattn_mla:FlashAttnMLAImpl.forward_mqa",
+    "FLASHINFER_MLA": "vllm.v1.attention.backends.mla.flashinfer_mla:FlashInferMLAImpl.forward_mqa",
+    "CUTLASS_MLA": "vllm.v1.attention.backends.mla.cutlass_mla:CutlassMLAImpl.forward_mqa",
+}
+PREFILL_FUNCTION = "vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha"
+#: What each real entry point needs loaded: (torch.ops namespace, op) or a Python module.
+_REAL_OPS = {
+    "FLASHMLA": (("_flashmla_C", "dense_decode_fwd"), ("_flashmla_extension_C", "fwd_kvcache_mla_fp8")),
+    "FLASH_ATTN_MLA": (("_vllm_fa3_C", "fwd"),),
+    "FLASHINFER_MLA": ("flashinfer.decode",),
+    "CUTLASS_MLA": (("_C", "sm100_cutlass_mla_decode"),),
+    "TRITON_MLA": (),
+    "TRITON_ATTN": (),
+    "FLASH_ATTN": (("_vllm_fa3_C", "fwd"),),
+}
+_PREFILL_OPS = (("_vllm_fa3_C", "fwd"), ("_C_cache_ops", "cp_gather_cache"), ("_C", "merge_attn_states"))
+
+
+def calls_of(backend: str, path: str) -> tuple[str, ...]:
+    """The compiled calls the check of ``backend`` reaches on ``path`` ("decode" or "prefill")."""
+    return PREFILL_CALLS if path == "prefill" else DECODE_CALLS[backend]
+
+
+def _op_loaded(namespace: str, op: str) -> bool:
+    import torch
+
+    try:
+        getattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _module_loaded(name: str) -> bool:
+    from ..common.import_stubs import StubModule
+
+    import importlib
+
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return False
+    return not isinstance(module, StubModule) and not isinstance(sys.modules.get(name.split(".")[0]), StubModule)
+
+
+def real_kernels_missing(backend: str, path: str, where: str, capability: str) -> str | None:
+    """``None`` when this host runs ``backend``'s real kernels on ``path`` for a cell of ``capability``; else why not."""
+    import torch
+
+    if where in ("interpreter", "cpu") or not torch.cuda.is_available():
+        return f"no CUDA device here (Triton {where})"
+    major, minor = torch.cuda.get_device_capability()
+    if f"{major}.{minor}" != capability:
+        return f"this GPU is {major}.{minor}, the cell's arch {capability}"
+    needs = list(_PREFILL_OPS if path == "prefill" else _REAL_OPS[backend])
+    missing = []
+    for need in needs:
+        loaded = _module_loaded(need) if isinstance(need, str) else _op_loaded(*need)
+        if not loaded:
+            missing.append(need if isinstance(need, str) else f"torch.ops.{need[0]}.{need[1]}")
+    return f"not loaded here: {', '.join(missing)}" if missing else None
+
+
+class _Shared:
+    """One installation shared by the in-process DCP ranks of a check (refcounted).
+
+    Ranks run as threads that take turns; a patch that one rank undid on its way
+    out while another still runs would hand the other the real callable. The
+    first rank to enter installs, the last to leave undoes; all see one log.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.count = 0
+        self.key: Any = None
+        self.stack: contextlib.ExitStack | None = None
+        self.value: Any = None
+
+    @contextlib.contextmanager
+    def enter(self, key: Any, make: Any) -> Iterator[Any]:
+        with self.lock:
+            if self.count == 0:
+                stack = contextlib.ExitStack()
+                self.value = stack.enter_context(make())
+                self.stack, self.key = stack, key
+            elif key != self.key:
+                raise RuntimeError(f"vllm checks: concurrent checks want {key!r} and {self.key!r}")
+            self.count += 1
+        try:
+            yield self.value
+        finally:
+            with self.lock:
+                self.count -= 1
+                if self.count == 0:
+                    stack, self.stack, self.value = self.stack, None, None
+                    stack.close()
+
+
+_emulations = _Shared()
+_buffers = _Shared()
+
+
+@contextlib.contextmanager
+def kernel_source(level: str, names: tuple[str, ...]) -> Iterator[Any]:
+    """For the block: the emulations of ``names`` at level ``emulated`` (yields their call log), else nothing."""
+    if level != "emulated" or not names:
+        yield None
+        return
+    from ...kernels.emulated.install import emulations_installed
+
+    with _emulations.enter(tuple(names), lambda: emulations_installed(names)) as log:
+        yield log
+
+
+@contextlib.contextmanager
+def host_buffers(device: Any) -> Iterator[list[str]]:
+    """What a GPU server has and the check's host lacks, answered for the block; yields what was answered.
+
+    On a host whose check device is not CUDA: ``engines/common/cpu_host``
+    (tensors vLLM places on ``"cuda"`` by name live in host memory, e.g.
+    FlashInfer MLA's decode workspace; ``pin_memory=True``, which vLLM's
+    ``PIN_MEMORY`` from the faked CUDA platform asks for, is dropped; streams
+    and events do nothing) and ``torch.accelerator.empty_cache`` does nothing
+    (vLLM's ``WorkspaceManager`` calls it before it grows a scratch buffer).
+    On a CUDA device: CUTLASS MLA's workspace, allocated when the adapter
+    imported the module (on ``meta`` then), gets a real buffer. Shared by the
+    in-process ranks of a check (the first installs, the last undoes).
+    """
+    with _buffers.enter(str(device), lambda: _placed(device)) as placed:
+        yield placed
+
+
+@contextlib.contextmanager
+def _placed(device: Any) -> Iterator[list[str]]:
+    import importlib
+
+    import torch
+
+    from ..common.cpu_host import cpu_host
+
+    with contextlib.ExitStack() as stack:
+        if device.type != "cuda":
+            log = stack.enter_context(cpu_host())
+            if hasattr(torch, "accelerator"):
+                saved_empty = torch.accelerator.empty_cache
+                torch.accelerator.empty_cache = lambda: None
+                stack.callback(setattr, torch.accelerator, "empty_cache", saved_empty)
+            yield log.answered
+            return
+        placed: list[str] = []
+        cutlass = importlib.import_module("vllm.v1.attention.backends.mla.cutlass_mla")
+        buf = cutlass.g_sm100_workspace._workspace_buf
+        if buf.device.type == "meta":
+            cutlass.g_sm100_workspace._workspace_buf = torch.empty(buf.shape, dtype=buf.dtype, device=device)
+            stack.callback(setattr, cutlass.g_sm100_workspace, "_workspace_buf", buf)
+            placed.append("CUTLASS MLA's workspace allocated on the check's GPU (the adapter imported it on meta)")
+        yield placed
