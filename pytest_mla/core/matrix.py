@@ -27,7 +27,7 @@ from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell
 from .errors import MatrixError, Problem
 from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
 from .rules import (
-    Expectation, Predicate, Rule, decide, field_kind, known_fields, placeholders, _COMPARE,
+    FIELD_VALUES, Expectation, Predicate, Rule, decide, field_kind, known_fields, placeholders, _COMPARE,
 )
 from .spec import SpecError, parse_spec
 from .toml_lines import LineIndex
@@ -54,6 +54,9 @@ class Matrix:
     kernel_dtype: str = "bf16"
     seed: int = 0
     probes: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)  # axis → probe values
+    #: (axis, value) → the line that lists the value (for problems found after loading, e.g. an
+    #: arch the engine's release cannot fake).
+    value_lines: Mapping[tuple[str, Any], int] = dataclasses.field(default_factory=dict)
 
     def is_probe(self, cell: Cell) -> bool:
         """Whether a coordinate of ``cell`` is a probe value."""
@@ -79,6 +82,11 @@ class Matrix:
         """Whether the matrix's ``[engine] version`` admits this engine version."""
         v = _as_version(engine_version)
         return self.engine_versions is None or v is None or self.engine_versions.contains(v, prereleases=True)
+
+
+def _toml_text(value: Any) -> str:
+    """How an axis value is written in TOML (to find its line)."""
+    return f'"{value}"' if isinstance(value, str) else str(value)
 
 
 def _as_version(v: str | Version | None) -> Version | None:
@@ -158,8 +166,10 @@ class _Builder:
             self.problems.sort(key=lambda p: (p.line or 0))
             raise MatrixError(self.file, self.problems)
         assert axes is not None
+        value_lines = {(axis, value): self.lines.value_line(("axes", axis), _toml_text(value))
+                       for axis, values in axes.items() for value in values}
         return Matrix(self.file, name, title, engine_name, engine_versions, axes, models, rules, kernel_dtype, seed,
-                      probes)
+                      probes, {key: line for key, line in value_lines.items() if line is not None})
 
     def engine(self, table: Any) -> tuple[str, SpecifierSet | None]:
         if not isinstance(table, dict):
@@ -433,6 +443,9 @@ class _Builder:
         if key in axes and v not in axes[key]:
             known = ", ".join(str(x) for x in axes[key])
             self.problem(at, f"unknown value {v!r} (known: {known})")
+            return _BAD
+        if key in FIELD_VALUES and v not in FIELD_VALUES[key]:
+            self.problem(at, f"unknown value {v!r} (known: {', '.join(FIELD_VALUES[key])})")
             return _BAD
         return v
 

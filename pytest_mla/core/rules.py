@@ -19,13 +19,15 @@ from typing import Any, Callable, Mapping
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .cells import AXES, INT_AXES, Cell, arch_number
+from .cells import AXES, INT_AXES, PLATFORMS, Cell, arch_number, platform_of
 from .models import MODEL_FIELDS, ModelConfig
 from .spec import parse_spec
 
 #: Derived fields a rule may test besides the axes and ``model.<field>``.
 SPEC_FIELDS = ("topk", "steps", "tree", "enabled", "algorithm", "s_q")
-DERIVED_FIELDS = tuple(f"spec.{f}" for f in SPEC_FIELDS) + ("arch.sm",)
+DERIVED_FIELDS = tuple(f"spec.{f}" for f in SPEC_FIELDS) + ("arch.sm", "arch.platform")
+#: The values a derived string field can take (a rule naming another is an error of the file).
+FIELD_VALUES: Mapping[str, tuple[str, ...]] = {"arch.platform": PLATFORMS}
 
 _COMPARE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+)\s*$")
 _OPS: Mapping[str, Callable[[Any, Any], bool]] = {
@@ -39,7 +41,7 @@ def field_kind(key: str) -> str | None:
     """'int', 'bool' or 'str' for a key a rule may test; None if unknown."""
     if key in INT_AXES or key in ("spec.topk", "spec.steps", "spec.s_q", "arch.sm"):
         return "int"
-    if key in AXES or key == "spec.algorithm":
+    if key in AXES or key in ("spec.algorithm", "arch.platform"):
         return "str"
     if key in ("spec.tree", "spec.enabled"):
         return "bool"
@@ -65,6 +67,8 @@ def field_value(key: str, cell: Cell, model: ModelConfig) -> Any:
         }[key]
     if key == "arch.sm":
         return arch_number(cell.arch)
+    if key == "arch.platform":
+        return platform_of(cell.arch)
     return getattr(cell, key)
 
 

@@ -289,3 +289,56 @@ def test_builtin_matrix_loads_with_1440_cells():
     m = load_matrix(pathlib.Path(__file__).parents[2] / "matrix" / "reference.toml")
     assert m.size == 1440
     assert len(list(m.cells())) == 1440
+
+
+# -- platforms: arch values beyond GPU archs ----------------------------------------------
+
+PLATFORM_AXES = AXES.replace('arch    = ["sm90", "sm100"]', 'arch    = ["sm90", "gfx942", "gfx950", "cpu", "cpu_amx", "xpu", "npu"]')
+
+
+def test_device_archs_expand_and_rules_test_their_platform(tmp_path):
+    m = load_matrix(write(tmp_path, """
+        [[rule]]
+        name = "a ROCm-only backend elsewhere"
+        when = { backend = "trtllm_mla", "arch.platform" = { not = ["cuda"] } }
+        reject = { error = "ValueError", message = "no {backend} on {arch.platform} ({arch})" }
+        [[rule]]
+        when = { "arch.platform" = ["cpu", "npu"], backend = "fa3" }
+        skip = "not built there"
+    """, axes=PLATFORM_AXES))
+    cells = {c.arch for c in m.cells()}
+    assert cells == {"sm90", "gfx942", "gfx950", "cpu", "cpu_amx", "xpu", "npu"}
+    gfx = m.expectation(Cell("deepseek-v3", "trtllm_mla", 1, "none", "gfx950"))
+    assert (gfx.kind, gfx.message) == ("reject", "no trtllm_mla on rocm (gfx950)")
+    assert m.expectation(Cell("deepseek-v3", "trtllm_mla", 1, "none", "sm90")).kind == "accept"
+    assert m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "cpu_amx")).kind == "skip"
+    assert m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "xpu")).kind == "accept"
+    # arch.sm is an NVIDIA number: a comparison never holds on another platform
+    m2 = load_matrix(write(tmp_path, """
+        [[rule]]
+        when = { "arch.sm" = "<100" }
+        reject = { error = "ValueError", message = "old" }
+    """, axes=PLATFORM_AXES, name="m2.toml"))
+    assert m2.expectation(Cell("deepseek-v3", "fa3", 1, "none", "cpu")).kind == "accept"
+    assert m2.expectation(Cell("deepseek-v3", "fa3", 1, "none", "sm90")).kind == "reject"
+
+
+def test_unknown_platform_in_a_rule_is_reported_with_its_line(tmp_path):
+    path = write(tmp_path, """
+        [[rule]]
+        when = { "arch.platform" = "tpu" }
+        accept = true
+    """, axes=PLATFORM_AXES)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, '"tpu"')
+    assert f"matrix/m.toml:{line}: rule[0].when.\"arch.platform\": unknown value 'tpu' (known: cuda, rocm, cpu, xpu, npu)" \
+        in str(info.value).splitlines()
+
+
+def test_unknown_device_arch_is_an_error(tmp_path):
+    path = write(tmp_path, "", axes=AXES.replace('"sm100"]', '"cpu-avx"]'))
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    assert "axes.arch: unknown arch 'cpu-avx'" in str(info.value)
+    assert "cpu, cpu_amx, xpu, npu" in str(info.value)
