@@ -49,3 +49,7 @@ class Engine(Protocol):
     # Optional: ``registered_backends(self) -> Mapping[str, bool]``: every attention
     # backend the installed engine registers, mapped to whether it can serve MLA
     # models. The report names the MLA-capable ones a matrix does not cover.
+    #
+    # Optional: ``known_archs(self) -> Sequence[str]``: the ``arch`` values the installed
+    # release has a platform for (``"smNN"`` stands for every NVIDIA arch). An arch of the
+    # matrix outside it is an error of the file, naming the value and these.
