@@ -27,7 +27,7 @@ from .core.models import ModelConfig, ModelConfigError
 from .core.records import CellRecord, KernelResult, new_record, not_run
 from .core.rules import Expectation
 from .core.verdicts import ACCEPTED, CRASHED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
-from .engines.protocol import AdapterError, Configured, Engine, KernelSpec
+from .engines.protocol import AdapterError, Configured, Engine, KernelSpec, UnreachableError
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
 from .options import Settings
 from .report.results import write_json_atomic
@@ -147,6 +147,10 @@ class MatrixRun:
             outcome = protocol_outcome(engine, configured) or Outcome(ACCEPTED, backends=dict(configured.backends))
             if outcome.kind != ACCEPTED:
                 configured = None
+        except UnreachableError as exc:  # the engine's code needs another platform's library: not checkable here
+            record.update(outcome=Outcome.from_exception(exc, crashed=True).as_dict(), verdict=SKIP,
+                          reason=f"unreachable on this host: {exc}")
+            return
         except AdapterError as exc:  # the adapter's own failure: never reported as the engine's refusal
             outcome = Outcome.from_exception(exc, crashed=True)
             record["traceback"] = "".join(traceback.format_exception(exc, limit=-8))

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-__all__ = ["AdapterError", "Configured", "Engine", "KernelSpec"]
+__all__ = ["AdapterError", "Configured", "Engine", "KernelSpec", "UnreachableError"]
 
 from ..core.cells import Cell
-from ..core.errors import AdapterError
+from ..core.errors import AdapterError, UnreachableError
 from ..core.kernelspec import KernelSpec
 from ..core.models import ModelConfig
 
