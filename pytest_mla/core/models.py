@@ -20,7 +20,13 @@ _INT_FIELDS = (
     "qk_nope_head_dim",
     "v_head_dim",
     "head_dim",
+    "index_topk",
+    "index_n_heads",
+    "index_head_dim",
 )
+#: DeepSeek sparse attention (DSA): the lightning indexer's fields, as the checkpoint's
+#: ``config.json`` names them. All three or none; a model with them is a sparse MLA model.
+INDEXER_FIELDS = ("index_topk", "index_n_heads", "index_head_dim")
 MODEL_FIELDS = ("mla", *_INT_FIELDS)
 
 
@@ -44,6 +50,9 @@ class ModelConfig:
     qk_nope_head_dim: int = 0  # MLA only: non-RoPE part of q/k per head
     v_head_dim: int = 0  # MLA only: per-head V width before up-projection
     head_dim: int = 0  # GQA only: per-head q/k/v width
+    index_topk: int = 0  # sparse MLA only: KV tokens the indexer keeps per query token (0: dense)
+    index_n_heads: int = 0  # sparse MLA only: the indexer's query heads
+    index_head_dim: int = 0  # sparse MLA only: the indexer's head width
 
     def __post_init__(self) -> None:
         for key in _INT_FIELDS:
@@ -60,7 +69,14 @@ class ModelConfig:
                     raise ModelConfigError(key, f"an MLA model needs {key} >= 1")
             if self.num_kv_heads != 1:
                 raise ModelConfigError("num_kv_heads", "an MLA model caches one latent head: num_kv_heads must be 1")
-        else:
+        given = [key for key in INDEXER_FIELDS if getattr(self, key)]
+        if given and not self.mla:
+            raise ModelConfigError(given[0], f"{given[0]}: only an MLA model has a sparse-attention indexer")
+        if given and len(given) != len(INDEXER_FIELDS):
+            missing = next(key for key in INDEXER_FIELDS if key not in given)
+            raise ModelConfigError(missing, f"a sparse MLA model needs all of {', '.join(INDEXER_FIELDS)} >= 1 "
+                                            f"({missing} is missing)")
+        if not self.mla:
             if self.head_dim < 1:
                 raise ModelConfigError("head_dim", "a non-MLA model needs head_dim >= 1")
             if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
@@ -81,6 +97,11 @@ class ModelConfig:
         return self.kv_lora_rank if self.mla else self.head_dim
 
     @property
+    def sparse(self) -> bool:
+        """A DeepSeek sparse-attention (DSA) model: attention reads the indexer's top-k tokens only."""
+        return self.index_topk > 0
+
+    @property
     def softmax_scale(self) -> float:
         """The model's scale: 1/sqrt(qk_nope + qk_rope) for MLA (no YaRN factor)."""
         width = self.qk_nope_head_dim + self.qk_rope_head_dim if self.mla else self.head_dim
@@ -93,7 +114,12 @@ class ModelConfig:
         return getattr(self, key)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as plain values; a dense model's (zero) indexer fields are left out."""
+        data = dataclasses.asdict(self)
+        if not self.sparse:
+            for key in INDEXER_FIELDS:
+                data.pop(key)
+        return data
 
     @classmethod
     def from_mapping(cls, name: str, data: Mapping[str, Any]) -> "ModelConfig":
@@ -110,8 +136,9 @@ class ModelConfig:
 
 
 def _mla(name: str, num_heads: int, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
-         qk_nope_head_dim: int = 128, v_head_dim: int = 128) -> ModelConfig:
-    return ModelConfig(name, True, num_heads, 1, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)
+         qk_nope_head_dim: int = 128, v_head_dim: int = 128, **indexer: int) -> ModelConfig:
+    return ModelConfig(name, True, num_heads, 1, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+                       **indexer)
 
 
 def _gqa(name: str, num_heads: int, num_kv_heads: int, head_dim: int) -> ModelConfig:
@@ -121,10 +148,14 @@ def _gqa(name: str, num_heads: int, num_kv_heads: int, head_dim: int) -> ModelCo
 #: Built-in catalogue, by the names matrix files use. Published dims:
 #: DeepSeek-V3/R1 and Kimi-K2 share the V3 attention (512/64/128/128) with
 #: 128 and 64 heads; DeepSeek-V2-Lite has 16 heads of the same shape.
+#: DeepSeek-V3.2 (deepseek-ai/DeepSeek-V3.2, as V3.2-Exp) is V3's attention
+#: plus the lightning indexer of DeepSeek sparse attention (top 2048 tokens,
+#: 64 indexer heads of 128).
 BUILTIN_MODELS: Mapping[str, ModelConfig] = {
     m.name: m
     for m in (
         _mla("deepseek-v3", 128),
+        _mla("deepseek-v3.2", 128, index_topk=2048, index_n_heads=64, index_head_dim=128),
         _mla("deepseek-r1", 128),
         _mla("deepseek-v2", 128),
         _mla("deepseek-v2-lite", 16),
