@@ -500,11 +500,25 @@ def backend_name(path: str) -> str:
     return getattr(importlib.import_module(module), qualname).get_name()
 
 
+#: vLLM's CPU MLA backends and the op each decodes with (registered by a CPU build of vllm._C).
+CPU_OPS = {"CPU_MLA": "mla_decode_kvcache", "AMX_MLA": "decode_attention_cpu"}
+#: vLLM's ROCm MLA backends and the kernel callable each decodes with (no emulation of it yet).
+ROCM_KERNELS = {
+    "ROCM_AITER_MLA": "aiter.mla.mla_decode_fwd",
+    "ROCM_AITER_TRITON_MLA": "aiter.mla.mla_decode_fwd",
+    "ROCM_AITER_MLA_SPARSE": "ROCMAiterMLASparseImpl._forward_mla_aiter (aiter's sparse MLA decode)",
+}
+
+
 def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int) -> tuple[Any, str | None]:
     """``(KernelSpec, None)`` when vLLM's own backend for this cell can run here, else ``(None, why)``."""
+    from ...core.cells import platform_of
     from ...kernels._mode import ensure_triton_mode
 
     name = backend_name(path)
+    platform = platform_of(cell.arch)
+    if platform != "cuda":
+        return None, other_platform_reason(name, cell.arch, platform)
     where = ensure_triton_mode()
     if name == "TRITON_MLA":
         return _triton_mla_spec(engine, cell, model, tp, where), None
@@ -513,6 +527,22 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int) -> tuple[
     if name in GPU_BACKENDS:
         return gpu_backend_spec(name, cell, model, tp, where)
     return None, f"no engine check for vLLM's {name} backend on this host"
+
+
+def other_platform_reason(name: str, arch: str, platform: str | None) -> str:
+    """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
+    if name in CPU_OPS:
+        import torch
+
+        op = CPU_OPS[name]
+        if not hasattr(torch.ops._C, op):
+            return (f"vLLM's {name} decodes with torch.ops._C.{op}, which this host does not have "
+                    "(the installed vllm._C is not a CPU build)")
+        return f"vLLM's {name} decodes with torch.ops._C.{op}; its engine check is not written yet"
+    if name in ROCM_KERNELS:
+        return f"vLLM's {name} decodes with {ROCM_KERNELS[name]}, which has no emulation yet"
+    return (f"vLLM's {name} on the {platform} platform ({arch}): the engine checks drive vLLM's CUDA-platform "
+            "layers only")
 
 
 def _spec_tokens(cell: Any) -> tuple[int, str | None]:
