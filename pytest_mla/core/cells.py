@@ -34,6 +34,8 @@ _GFX = re.compile(r"^gfx(\d{2}|\d{3})[0-9a-f]$")
 #: The platforms an ``arch`` value belongs to, in report order: NVIDIA GPUs (``smNN``), AMD GPUs
 #: (``gfxNNN``) and the devices the engines serve without a GPU arch of their own.
 PLATFORMS = ("cuda", "rocm", "cpu", "xpu", "npu")
+#: How reports name each platform.
+PLATFORM_LABELS = {"cuda": "CUDA", "rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
 #: Arch values that name a device rather than a GPU arch, and their platform: an x86-64 CPU
 #: without and with Intel AMX tiles (both engines pick their CPU MLA backend by AMX), an
 #: Intel GPU (XPU), an Ascend NPU.

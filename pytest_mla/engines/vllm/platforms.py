@@ -29,9 +29,9 @@ own for that platform. The subclasses answer only what the device would:
   (a call, a truth test) is where vLLM's code can go no further here
   (``UnreachableError``, naming it). ``VLLM_ROCM_USE_AITER`` keeps its
   default (off).
-* **CPU** ``cpu`` / ``cpu_amx``: whether the x86 CPU has AMX tiles
-  (``torch.cpu._is_amx_tile_supported``, which vLLM reads to choose between
-  ``CPU_MLA`` and ``AMX_MLA``), per cell.
+* **CPU** ``cpu`` / ``cpu_amx``: an x86-64 CPU with AVX-512, without / with
+  AMX tiles (``torch.cpu._is_amx_tile_supported``, which vLLM reads to choose
+  between ``CPU_MLA`` and ``AMX_MLA``; ``_is_avx512_supported``), per cell.
 * **XPU** ``xpu``: Intel's ``vllm_xpu_kernels`` (which ``vllm.platforms.xpu``
   imports when it loads) is such a stub too.
 
@@ -358,15 +358,22 @@ def _import_answers(platform: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _amx_tiles(present: bool) -> Iterator[None]:
-    """``torch.cpu._is_amx_tile_supported()`` answers ``present`` (vLLM's CPU platform reads it per call)."""
+    """An x86-64 CPU with AVX-512, with AMX tiles or without: what vLLM's CPU platform asks torch per call.
+
+    ``torch.cpu._is_amx_tile_supported()`` (``CPU_MLA`` or ``AMX_MLA``) answers
+    ``present``; ``torch.cpu._is_avx512_supported()`` (FP8 KV for ``CPU_ATTN``)
+    answers True (every AMX CPU has AVX-512; ``cpu`` is such a CPU without AMX).
+    """
     import torch
 
-    real = torch.cpu._is_amx_tile_supported
+    saved = {name: getattr(torch.cpu, name) for name in ("_is_amx_tile_supported", "_is_avx512_supported")}
     torch.cpu._is_amx_tile_supported = lambda: present
+    torch.cpu._is_avx512_supported = lambda: True
     try:
         yield
     finally:
-        torch.cpu._is_amx_tile_supported = real
+        for name, real in saved.items():
+            setattr(torch.cpu, name, real)
 
 
 def _flag_assignments(rocm: types.ModuleType) -> Any:
