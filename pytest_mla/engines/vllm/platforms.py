@@ -82,6 +82,7 @@ COMPUTE_UNITS = 132
 PLATFORM_LIBRARIES = {
     "aiter": "AMD's AI Tensor Engine for ROCm",
     "flash_attn": "FlashAttention's ROCm build",
+    "cutlass": "NVIDIA's CUTLASS DSL",
     "vllm_xpu_kernels": "vLLM's Intel XPU kernels",
     "intel_extension_for_pytorch": "Intel's PyTorch extension for XPU",
 }
@@ -108,6 +109,8 @@ class FakePlatforms:
         self._last_arch: str | None = None
         self._cached: list[Any] = []
         self._cached_at = -1
+        if platform == "rocm":  # for the life of this process: it fakes a HIP device
+            _answer_hip_device_properties(lambda: getattr(self._rocm, "_GCN_ARCH", IMPORT_GCN_ARCH))
         module_name, names = PLATFORM_CLASSES[platform]
         with _import_answers(platform):
             base = find("platform", f"vLLM's {PLATFORM_LABELS[platform]} platform class",
@@ -136,6 +139,13 @@ class FakePlatforms:
         when a cell reaches them.
         """
         failed = {}
+        with contextlib.ExitStack() as stack:
+            if self.platform == "cuda":  # modules that load vllm.platforms.rocm ask the device its GFX target
+                stack.enter_context(_cuda_device_properties())
+            self._preload(packages, failed)
+        return failed
+
+    def _preload(self, packages: tuple[str, ...], failed: dict[str, str]) -> None:
         for package_name in packages:
             try:
                 package = importlib.import_module(package_name)
@@ -149,7 +159,6 @@ class FakePlatforms:
                     importlib.import_module(info.name)
                 except BaseException as exc:  # noqa: BLE001 - as above (some assert a GPU at import)
                     failed[info.name] = f"{type(exc).__name__}: {exc}"
-        return failed
 
     def _fake_cuda(self, base: type) -> type:
         owner = self
@@ -350,6 +359,43 @@ def _import_answers(platform: str) -> Iterator[None]:
 
     real = torch.cuda.get_device_properties
     torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(gcnArchName=IMPORT_GCN_ARCH)
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_properties = real
+
+
+def _properties(gcn_arch: str, name: str, major: int, minor: int) -> Any:
+    return types.SimpleNamespace(gcnArchName=gcn_arch, name=name, major=major, minor=minor,
+                                 multi_processor_count=COMPUTE_UNITS, total_memory=192 * 1024 ** 3,
+                                 L2_cache_size=4 * 1024 ** 2, warp_size=64 if gcn_arch else 32)
+
+
+def _answer_hip_device_properties(arch_now: Callable[[], str]) -> None:
+    """``torch.cuda.get_device_properties(i)`` answers a HIP device of the current GFX target.
+
+    vLLM asks it where a ROCm host's torch would answer from the device
+    (``vllm.platforms.rocm`` for ``gcnArchName`` when amdsmi is absent, the
+    AITER MLA builder for its compute-unit count).
+    """
+    import torch
+
+    def properties(*args: Any, **kwargs: Any) -> Any:
+        arch = arch_now() or IMPORT_GCN_ARCH
+        digits = arch[3:]
+        major, minor = (int(digits[0]), int(digits[1])) if len(digits) == 3 else (int(digits[:2]), int(digits[2]))
+        return _properties(arch, f"fake {arch}", major, minor)
+
+    torch.cuda.get_device_properties = properties
+
+
+@contextlib.contextmanager
+def _cuda_device_properties() -> Iterator[None]:
+    """While modules load in the CUDA process: a CUDA device's properties (no GFX target)."""
+    import torch
+
+    real = torch.cuda.get_device_properties
+    torch.cuda.get_device_properties = lambda *a, **k: _properties("", "fake sm80", 8, 0)
     try:
         yield
     finally:

@@ -99,7 +99,7 @@ from ...core.errors import AdapterError, UnreachableError
 from ...core.models import ModelConfig
 from ...core.spec import parse_spec
 from ..common import quiet as _quiet
-from ..common.gpu_steps import GpuStep, engine_frame, kernel_library_stubs, missing_libraries
+from ..common.gpu_steps import GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from . import checks as vllm_backend
 from ..protocol import Configured
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
@@ -837,6 +837,11 @@ class VLLMEngine:
             if library not in PLATFORM_LIBRARIES:
                 raise
             raise self._unreachable(step, exc, f"imports {exc.name!r}", library) from exc
+        except (AssertionError, RuntimeError) as exc:
+            if not cuda_absent(exc):
+                raise
+            # the host's torch saying it has no GPU: a device query the adapter does not answer, never a refusal
+            raise self._fail(step, f"vLLM asked this host's torch for a GPU: {type(exc).__name__}: {exc}") from exc
         except GpuStep as exc:  # a name of a stubbed platform library was used
             library = exc.what.split("(", 1)[0].split(".", 1)[0]
             if library not in PLATFORM_LIBRARIES:
