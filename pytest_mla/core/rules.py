@@ -7,6 +7,14 @@ configuration does not apply: the engine is not asked, the verdict is
 with or without an outcome; an ``xfail``-only rule marks the cell and lets
 the next matching rule decide what it must do. Rules gated by ``engine_version`` apply only to the
 engine versions their specifier admits.
+
+A ``reject`` rule may compose its message from ``reasons``: each reason is a
+``when`` and an engine text; ``{reasons}`` in the message renders the texts
+whose ``when`` holds for the cell, in order, as the engine prints a Python list
+(``['block_size not supported', 'DCP not supported']``). Such a rule matches a
+cell only when at least one of its reasons holds: an engine that collects
+every failing check (vLLM's ``validate_configuration``) refuses only when the
+list is not empty.
 """
 
 from __future__ import annotations
@@ -96,6 +104,21 @@ class Predicate:
         return f"{self.key} {self.op} {self.values[0]}"
 
 
+#: The placeholder of a rule's message that renders its holding ``reasons``.
+REASONS_PLACEHOLDER = "reasons"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    """One check of an engine that lists every failing check: when it fails, and its text."""
+
+    when: tuple[Predicate, ...]
+    text: str  # the engine's text, with {field} placeholders
+
+    def holds(self, cell: Cell, model: ModelConfig) -> bool:
+        return all(p.test(field_value(p.key, cell, model)) for p in self.when)
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     index: int
@@ -109,6 +132,7 @@ class Rule:
     engine_version: SpecifierSet | None = None
     name: str | None = None
     skip: str | None = None  # the reason, for outcome "skip"
+    reasons: tuple[Reason, ...] = ()  # reject only: the message's {reasons}, in the engine's order
 
     @property
     def label(self) -> str:
@@ -121,7 +145,20 @@ class Rule:
         return self.engine_version.contains(version, prereleases=True)
 
     def matches(self, cell: Cell, model: ModelConfig) -> bool:
-        return all(p.test(field_value(p.key, cell, model)) for p in self.when)
+        if not all(p.test(field_value(p.key, cell, model)) for p in self.when):
+            return False
+        return not self.reasons or any(r.holds(cell, model) for r in self.reasons)
+
+    def holding_reasons(self, cell: Cell, model: ModelConfig) -> list[str]:
+        """The texts of the reasons that hold for the cell, rendered, in order."""
+        return [render_message(r.text, cell, model) for r in self.reasons if r.holds(cell, model)]
+
+    def render(self, cell: Cell, model: ModelConfig) -> str | None:
+        """The exact message this rule expects of the cell (None for a ``match`` rule)."""
+        if self.message is None:
+            return None
+        extra = {REASONS_PLACEHOLDER: str(self.holding_reasons(cell, model))} if self.reasons else None
+        return render_message(self.message, cell, model, extra)
 
     def why(self, cell: Cell, model: ModelConfig) -> list[tuple[str, Any, bool]]:
         """Each predicate with the cell's value and whether it held (for ``explain``)."""
@@ -132,11 +169,19 @@ class Rule:
         return out
 
 
-def render_message(template: str, cell: Cell, model: ModelConfig) -> str:
-    """Fill ``{backend}``-style placeholders; ``{{``/``}}`` are literal braces."""
+def render_message(template: str, cell: Cell, model: ModelConfig,
+                   extra: Mapping[str, str] | None = None) -> str:
+    """Fill ``{backend}``-style placeholders (and ``extra``'s); ``{{``/``}}`` are literal braces."""
     sentinel_open, sentinel_close = "\x00", "\x01"
     text = template.replace("{{", sentinel_open).replace("}}", sentinel_close)
-    text = _PLACEHOLDER.sub(lambda m: str(field_value(m.group(1), cell, model)), text)
+
+    def fill(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if extra is not None and name in extra:
+            return extra[name]
+        return str(field_value(name, cell, model))
+
+    text = _PLACEHOLDER.sub(fill, text)
     return text.replace(sentinel_open, "{").replace(sentinel_close, "}")
 
 
@@ -194,6 +239,6 @@ def decide(rules: tuple[Rule, ...], cell: Cell, model: ModelConfig,
         if rule.outcome == "accept":
             return Expectation("accept", xfail=reason, rule=rule.index, rule_line=rule.line,
                                xfail_after_accept=rule.xfail is None and xfail is not None)
-        message = render_message(rule.message, cell, model) if rule.message is not None else None
+        message = rule.render(cell, model)
         return Expectation("reject", rule.error, message, rule.match, reason, rule.index, rule.line)
     return Expectation("accept", xfail=xfail, xfail_after_accept=xfail is not None)

@@ -342,3 +342,55 @@ def test_unknown_device_arch_is_an_error(tmp_path):
         load_matrix(path, display_path="matrix/m.toml")
     assert "axes.arch: unknown arch 'cpu-avx'" in str(info.value)
     assert "cpu, cpu_amx, xpu, npu" in str(info.value)
+
+
+# -- reasons: a message composed of every failing check, as vLLM's validate_configuration lists them ----
+
+REASONS_RULE = """
+    [[rule]]
+    when = { backend = "fa3" }
+    reject = { error = "ValueError", message = "Selected backend {backend} is not valid. Reason: {reasons}" }
+    reasons = [
+      { when = { "model.mla" = false }, text = "non-MLA not supported" },
+      { when = { arch = "sm100" }, text = "compute capability not supported" },
+      { when = { dcp = ">1" }, text = "DCP {dcp} not supported" },
+    ]
+    [[rule]]
+    when = { backend = "fa3" }
+    reject = { error = "ValueError", message = "later" }
+"""
+
+
+def test_reasons_render_the_holding_checks_in_order_as_a_python_list(tmp_path):
+    m = load_matrix(write(tmp_path, REASONS_RULE))
+    every = m.expectation(Cell("llama-3.1-8b", "fa3", 2, "none", "sm100"))
+    assert (every.kind, every.rule, every.message) == ("reject", 0, "Selected backend fa3 is not valid. Reason: "
+                                                       "['non-MLA not supported', 'compute capability not supported', "
+                                                       "'DCP 2 not supported']")
+    one = m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "sm100"))
+    assert one.message == "Selected backend fa3 is not valid. Reason: ['compute capability not supported']"
+    # no reason holds: the engine finds nothing to refuse, the rule does not match, the next one decides
+    none = m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "sm90"))
+    assert (none.rule, none.message) == (1, "later")
+
+
+@pytest.mark.parametrize("body, needle, expected", [
+    (REASONS_RULE.replace("{reasons}", "{why}"), "{why}", "rule[0].reject.message: placeholder {why} names no axis"),
+    (REASONS_RULE.replace("Reason: {reasons}", "Reason: fixed"), "Reason: fixed",
+     "rule[0].reject.message: a rule with reasons renders them: the message needs {reasons}"),
+    (REASONS_RULE.replace('text = "non-MLA', 'txt = "non-MLA'), "reasons = [",
+     "rule[0].reasons[0].txt: unknown key 'txt' in reason"),
+    (REASONS_RULE.replace('{ dcp = ">1" }', '{ dcp = ">4" }'), "reasons = [",
+     "rule[0].reasons[2].when: reason 'DCP {dcp} not supported' holds for no cell this rule decides"),
+    ("""
+     [[rule]]
+     when = { backend = "fa3" }
+     reject = { error = "ValueError", message = "x {reasons}" }
+     """, "{reasons}", "rule[0].reject.message: placeholder {reasons} names no axis"),
+])
+def test_reasons_mistakes_are_reported_with_their_line(tmp_path, body, needle, expected):
+    path = write(tmp_path, body)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, needle)
+    assert any(p.startswith(f"matrix/m.toml:{line}: {expected}") for p in str(info.value).splitlines()), str(info.value)
