@@ -296,7 +296,9 @@ class VLLMEngine:
     def _setup(self) -> None:
         from ..common.import_stubs import install_stubs
 
-        self.stubs = install_stubs(IMPORT_STUBS + COMPILED_STUBS, force=True)
+        # CUDA's compiled kernels exist only in a CUDA build: a ROCm, CPU or XPU process answers
+        # "not compiled" for them, as that build of vLLM would.
+        self.stubs = install_stubs(IMPORT_STUBS + (COMPILED_STUBS if self.platform == "cuda" else ()), force=True)
         libraries = missing_libraries(PLATFORM_LIBRARY_STUBS.get(self.platform, ()))
         if libraries:  # for the life of this process (a child for that platform)
             self._lifetime.enter_context(kernel_library_stubs(libraries))
