@@ -771,6 +771,10 @@ def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
                     "does not have (sgl_kernel's CPU build is not installed)")
     if decode_backend == "aiter":
         return "SGLang's aiter decodes with aiter.mla.mla_decode_fwd, which has no emulation yet"
+    if decode_backend == "torch_native" and platform == "cpu":
+        return ("SGLang's torch_native decodes with torch.nn.functional.scaled_dot_product_attention "
+                "(TorchNativeAttnBackend._run_sdpa_forward_decode), which this host has; its engine check "
+                "on the CPU platform is not written yet")
     if decode_backend in PLATFORM_DECODERS:
         return f"SGLang's {decode_backend} decodes with {PLATFORM_DECODERS[decode_backend]}, which this host lacks"
     return (f"SGLang's {decode_backend} on the {platform} platform ({arch}): the engine checks run in the CUDA "
