@@ -148,6 +148,7 @@ def fake_import_platform(platform: str, lifetime: contextlib.ExitStack) -> list[
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # SGLang's own switch (utils.common.is_cpu, platforms)
     if platform == "rocm":
         lifetime.enter_context(_hip_device_properties())
+        lifetime.enter_context(_triton_hip_target())
     common = importlib.import_module("sglang.srt.utils.common")
     answers: dict[str, Callable[..., Any]] = {name: functools.partial(_constant, value)
                                               for name, value in PLATFORM_PROBES[platform].items()}
@@ -195,6 +196,40 @@ def _hip_device_properties() -> Iterator[None]:
         yield
     finally:
         torch.cuda.get_device_properties = real
+
+
+class _HipTritonDriver:
+    """Triton's active driver on a HIP device, as far as SGLang asks it without a kernel.
+
+    SGLang's ROCm kernel modules ask ``triton.runtime.driver.active.get_current_target()``
+    when they load (``kernels/ops/attention/rocm_mla_decode_rope.py``: ``backend == "hip"``);
+    on a ROCm host Triton's HIP driver answers, here Triton has no active driver at all.
+    Anything else asked of it (a launch, a device) is a GPU step.
+    """
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("hip", _HIP_ARCH["arch"], 64)
+
+    def __getattr__(self, name: str) -> Any:
+        from ..common.gpu_steps import GpuStep
+
+        raise GpuStep(f"triton.runtime.driver.active.{name}")
+
+
+@contextlib.contextmanager
+def _triton_hip_target() -> Iterator[None]:
+    try:
+        from triton.runtime import driver
+    except ImportError:  # no Triton: nothing asks it
+        yield
+        return
+    driver.set_active(_HipTritonDriver())
+    try:
+        yield
+    finally:
+        driver._active = None  # back to Triton's own (lazy) default
 
 
 class ArchProbes:

@@ -326,6 +326,15 @@ class SGLangEngine:
             raise self._broken
         try:
             return self._configure(cell, model)
+        except (AssertionError, RuntimeError) as exc:
+            if self.platform in ("cuda", "rocm") or not cuda_absent(exc):
+                raise
+            # SGLang asked torch.cuda on a platform without CUDA: that build's torch refuses as this
+            # host's does. The engine's own failure there, never one of its refusals.
+            where = engine_frame(exc.__traceback__, self._sg.package_dir)
+            at = f"{where[0]} ({where[1]})" if where else "SGLang"
+            raise CudaQueryWithoutCuda(f"{at} asks torch.cuda on the {self.platform} platform, which has no CUDA: "
+                                       f"{type(exc).__name__}: {exc}") from exc
         except ModuleNotFoundError as exc:
             library = (exc.name or "").split(".", 1)[0]
             if library not in PLATFORM_LIBRARIES:
@@ -474,7 +483,11 @@ class SGLangEngine:
 
     @contextlib.contextmanager
     def cell_context(self, cell: Cell) -> Iterator[dict[str, Any]]:
-        """The cell's arch for everything SGLang asks while inside (platform facts, device capability)."""
+        """The cell's arch for everything SGLang asks while inside (platform facts, device capability).
+
+        ``torch.cuda.get_device_capability`` answers on a CUDA or HIP device only: on the CPU,
+        XPU and NPU platforms it is this host's torch, which has no CUDA, as theirs has none.
+        """
         import torch
 
         facts = self.facts(cell.arch)
@@ -483,7 +496,8 @@ class SGLangEngine:
         self._rebind_capability()
         with _quiet.quiet(), self._sg.rc.override_platform(**facts), self._arch_probes.on(cell.arch):
             self._capability = capability
-            torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
+            if capability[0] is not None:
+                torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
             try:
                 yield facts
             finally:
@@ -749,6 +763,11 @@ class SGLangEngine:
                         return True
                     return True
         return False
+
+
+class CudaQueryWithoutCuda(RuntimeError):
+    """SGLang asked ``torch.cuda`` for a device on a platform without CUDA (CPU, XPU, NPU): a crash of the engine
+    there (the real platform's torch answers the same), never a refusal."""
 
 
 #: SGLang backends of other platforms and the op or kernel callable each decodes with.
