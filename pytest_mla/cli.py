@@ -277,7 +277,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             out.append(f"  {head}: not for this engine version (engine_version {rule.engine_version})")
             continue
         why = rule.why(cell, model)
-        matched = all(ok for _, _, ok in why)
+        matched = rule.matches(cell, model)  # the when, and one of its reasons if it has any
         if matched and rule.outcome is None:
             verdict = f"matches: xfail ({rule.xfail}); the next matching rule decides"
         elif matched:
@@ -287,7 +287,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             elif rule.outcome == "skip":
                 what = f"skip (not applicable: {rule.skip}); the engine is not asked"
             elif rule.message is not None:
-                what = f"reject with {rule.error}: {render_message(rule.message, cell, model)}"
+                what = f"reject with {rule.error}: {rule.render(cell, model)}"
             else:
                 what = f"reject with {rule.error} matching /{rule.match}/"
             verdict = f"MATCHES → decides: {what}"
@@ -296,6 +296,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         out.append(f"{'→' if rule is decided else ' '} {head}: {verdict}")
         for text, value, ok in why:
             out.append(f"      {'✓' if ok else '✗'} {text}   (cell: {value!r})")
+        if all(ok for _, _, ok in why):
+            for reason in rule.reasons:
+                holds = reason.holds(cell, model)
+                out.append(f"      reason {'✓' if holds else '✗'} {render_message(reason.text, cell, model)!r}")
     if decided is None:
         out.append("  no rule decides: the cell must be accepted (default)")
     else:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .core.cells import Cell
+from .core.cells import Cell, arch_number
 from .core.deadline import CellTimeout, Deadline
 from .core.errors import MatrixError, Problem
 from .core.host import kernel_dependencies_missing
@@ -27,7 +27,7 @@ from .core.models import ModelConfig, ModelConfigError
 from .core.records import CellRecord, KernelResult, new_record, not_run
 from .core.rules import Expectation
 from .core.verdicts import ACCEPTED, CRASHED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
-from .engines.protocol import AdapterError, Configured, Engine, KernelSpec
+from .engines.protocol import AdapterError, Configured, Engine, KernelSpec, UnreachableError
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
 from .options import Settings
 from .report.results import write_json_atomic
@@ -98,6 +98,7 @@ class MatrixRun:
             loaded = LoadedMatrix(matrix, engine, reason, self.settings.assumed_version(matrix.engine_name))
             if engine is not None:
                 check_described(loaded, shown)
+                check_known_archs(matrix, engine, shown)
                 loaded.coverage = coverage_of(matrix, engine)
             self._loaded[path] = loaded
         self._loaded[given] = self._loaded[path]
@@ -168,6 +169,10 @@ class MatrixRun:
             outcome = protocol_outcome(engine, configured) or Outcome(ACCEPTED, backends=dict(configured.backends))
             if outcome.kind != ACCEPTED:
                 configured = None
+        except UnreachableError as exc:  # the engine's code needs another platform's library: not checkable here
+            record.update(outcome=Outcome.from_exception(exc, crashed=True).as_dict(), verdict=SKIP,
+                          reason=f"unreachable on this host: {exc}")
+            return
         except AdapterError as exc:  # the adapter's own failure: never reported as the engine's refusal
             outcome = Outcome.from_exception(exc, crashed=True)
             record["traceback"] = "".join(traceback.format_exception(exc, limit=-8))
@@ -325,6 +330,30 @@ def check_described(loaded: LoadedMatrix, shown: str) -> None:
         message = (f"describes {matrix.engine_name} {matrix.engine_versions}, but {matrix.engine_name} {installed} "
                    f"is installed (--mla-assume-version=V evaluates its rules as if V were installed)")
     raise MatrixError(shown, [Problem("engine.version", message)])
+
+
+def check_known_archs(matrix: Matrix, engine: Engine, shown: str) -> None:
+    """An arch value the installed release has no platform for is an error of the file (never a cell error).
+
+    Asked of adapters with ``known_archs()`` (the arch values the installed
+    release can fake; ``"smNN"`` stands for every NVIDIA arch). An adapter that
+    cannot answer (its setup failed) is not asked: its cells report why.
+    """
+    known_archs = getattr(engine, "known_archs", None)
+    if known_archs is None:
+        return
+    try:
+        known = tuple(str(a) for a in known_archs())
+    except AdapterError:
+        return
+    problems = []
+    for arch in matrix.axes.get("arch", ()):
+        if arch in known or (arch_number(arch) is not None and "smNN" in known):
+            continue
+        problems.append(Problem("axes.arch", f"{engine.name} {engine.version} has no platform for arch {arch!r} "
+                                             f"(known: {', '.join(known)})", matrix.value_lines.get(("arch", arch))))
+    if problems:
+        raise MatrixError(shown, problems)
 
 
 def coverage_of(matrix: Matrix, engine: Engine) -> dict[str, Any] | None:

@@ -8,6 +8,8 @@
 #   tools/conformance.sh --engine sglang==0.5.21 [--engine vllm==0.33.0 ...] [--install-only]
 #                                               # any release: builds .venv-NAME-VERSION, runs its matrix
 #   make conformance ENGINES="sglang==0.5.21 vllm==0.33.0"    # the same, through make
+#   tools/conformance.sh --strict-coverage      # fail when a matrix lacks an MLA-capable backend the
+#                                               # engine registers (--mla-strict-coverage; CI passes it)
 #
 # Default venvs: .venv-sglang (sglang 0.5.23), .venv-sglang-0.5.22, .venv-vllm (vllm 0.34.0).
 # --engine NAME==VERSION (NAME: sglang or vllm) builds .venv-NAME-VERSION instead of the defaults.
@@ -19,7 +21,8 @@
 # records the pins; a venv whose stamp matches is reused as is, so a rerun only runs the matrices.
 # Reports: reports/NAME-VERSION.{json,md,html} (e.g. reports/sglang-0.5.23.*).
 # Environment: MLA_CONFORMANCE_KERNEL=auto|off (default auto: run the engines' own kernels),
-# MLA_CONFORMANCE_JOBS (pytest -n, default 2), MLA_REPORT_DIR (default reports).
+# MLA_CONFORMANCE_JOBS (pytest -n, default 2), MLA_REPORT_DIR (default reports),
+# MLA_STRICT_COVERAGE=1 (the same as --strict-coverage).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,14 +64,17 @@ DEFAULT_VENVS=(
 )
 STAMP_VERSION=2
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 
 install_only=0
+strict=()
+[[ "${MLA_STRICT_COVERAGE:-0}" == 1 ]] && strict=(--mla-strict-coverage)
 only=()
 engines=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --install-only) install_only=1 ;;
+    --strict-coverage) strict=(--mla-strict-coverage) ;;
     --only) [[ $# -ge 2 ]] || { echo "conformance: --only needs a name" >&2; exit 2; }; only+=("$2"); shift ;;
     --engine) [[ $# -ge 2 ]] || { echo "conformance: --engine needs NAME==VERSION" >&2; exit 2; }
               engines+=("$2"); shift ;;
@@ -170,7 +176,7 @@ run_matrix() {
   "$dir/bin/python" -m pytest -p no:cacheprovider -q --no-header -rN \
     --rootdir "$ROOT" -c /dev/null \
     --mla-matrix="$matrix" --mla-kernel="$KERNEL" -n "$JOBS" \
-    --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' || rc=$?
+    --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' "${strict[@]}" || rc=$?
   echo "conformance: $matrix with $dir: exit $rc in $(elapsed "$t0")s"
   return $rc
 }

@@ -31,6 +31,16 @@ NVIDIA_SMS = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 1
 _SM = re.compile(r"^sm(\d+)([af]?)$")
 _GFX = re.compile(r"^gfx(\d{2}|\d{3})[0-9a-f]$")
 
+#: The platforms an ``arch`` value belongs to, in report order: NVIDIA GPUs (``smNN``), AMD GPUs
+#: (``gfxNNN``) and the devices the engines serve without a GPU arch of their own.
+PLATFORMS = ("cuda", "rocm", "cpu", "xpu", "npu")
+#: How reports name each platform.
+PLATFORM_LABELS = {"cuda": "CUDA", "rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
+#: Arch values that name a device rather than a GPU arch, and their platform: an x86-64 CPU
+#: without and with Intel AMX tiles (both engines pick their CPU MLA backend by AMX), an
+#: Intel GPU (XPU), an Ascend NPU.
+DEVICE_ARCHS = {"cpu": "cpu", "cpu_amx": "cpu", "xpu": "xpu", "npu": "npu"}
+
 
 class CellIdError(ValueError):
     pass
@@ -53,6 +63,15 @@ def arch_number(arch: str) -> int | None:
     """``sm100`` → 100, ``sm90a`` → 90; None for non-NVIDIA archs."""
     m = re.match(r"^sm(\d+)", arch)
     return int(m.group(1)) if m else None
+
+
+def platform_of(arch: str) -> str | None:
+    """The platform of an arch value: ``sm90`` → cuda, ``gfx942`` → rocm, ``cpu_amx`` → cpu; None if unknown."""
+    if _SM.match(arch):
+        return "cuda"
+    if _GFX.match(arch):
+        return "rocm"
+    return DEVICE_ARCHS.get(arch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,11 +174,12 @@ def expand_cells(axes: Mapping[str, Sequence[Any]]) -> Iterable[Cell]:
 
 
 ARCH_HINT = ("expected an NVIDIA arch sm" + "/".join(str(n) for n in NVIDIA_SMS)
-             + " (optionally with an a or f suffix: sm90a), or an AMD target such as gfx90a, gfx942, gfx1100")
+             + " (optionally with an a or f suffix: sm90a), an AMD target such as gfx90a, gfx942, gfx950,"
+             + " or a device: " + ", ".join(DEVICE_ARCHS))
 
 
 def is_arch(text: str) -> bool:
     sm = _SM.match(text)
     if sm:
         return int(sm.group(1)) in NVIDIA_SMS
-    return bool(_GFX.match(text))
+    return bool(_GFX.match(text)) or text in DEVICE_ARCHS

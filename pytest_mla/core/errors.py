@@ -49,3 +49,14 @@ class AdapterError(Exception):
         self.version = version
         where = f"{engine} {version}" if engine and version else (engine or "engine")
         super().__init__(f"adapter step {step!r} failed on {where}: {message}")
+
+
+class UnreachableError(AdapterError):
+    """The engine's code for this cell cannot run on this host at all: it imports a library that exists
+    only for another platform (AMD's ``aiter``, Ascend's ``torch_npu``, ...).
+
+    Never the engine's refusal, and not a failure of the adapter either: the
+    cell's verdict is ``skip``, its reason this message, which names the
+    import and the engine code that made it. The checks the engine runs
+    before that import have run (a refusal there is still the engine's).
+    """

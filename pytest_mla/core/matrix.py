@@ -27,7 +27,7 @@ from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell
 from .errors import MatrixError, Problem
 from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
 from .rules import (
-    Expectation, Predicate, Rule, decide, field_kind, known_fields, placeholders, _COMPARE,
+    FIELD_VALUES, REASONS_PLACEHOLDER, Expectation, Predicate, Reason, Rule, decide, field_kind, known_fields, placeholders, _COMPARE,
 )
 from .spec import SpecError, parse_spec
 from .text import describe_char, first_invisible, regex_problem
@@ -35,7 +35,8 @@ from .toml_lines import LineIndex
 
 TOP_KEYS = ("title", "engine", "axes", "models", "probes", "rule", "kernel")
 ENGINE_KEYS = ("name", "version")
-RULE_KEYS = ("when", "reject", "accept", "skip", "xfail", "links", "engine_version", "name")
+RULE_KEYS = ("when", "reject", "reasons", "accept", "skip", "xfail", "links", "engine_version", "name")
+REASON_KEYS = ("when", "text")
 REJECT_KEYS = ("error", "message", "match")
 KERNEL_KEYS = ("dtype", "seed")
 KERNEL_DTYPES = ("bf16", "fp16", "fp32")
@@ -57,6 +58,9 @@ class Matrix:
     kernel_dtype: str = "bf16"
     seed: int = 0
     probes: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)  # axis → probe values
+    #: (axis, value) → the line that lists the value (for problems found after loading, e.g. an
+    #: arch the engine's release cannot fake).
+    value_lines: Mapping[tuple[str, Any], int] = dataclasses.field(default_factory=dict)
 
     def is_probe(self, cell: Cell) -> bool:
         """Whether a coordinate of ``cell`` is a probe value."""
@@ -82,6 +86,11 @@ class Matrix:
         """Whether the matrix's ``[engine] version`` admits this engine version."""
         v = _as_version(engine_version)
         return self.engine_versions is None or v is None or self.engine_versions.contains(v, prereleases=True)
+
+
+def _toml_text(value: Any) -> str:
+    """How an axis value is written in TOML (to find its line)."""
+    return f'"{value}"' if isinstance(value, str) else str(value)
 
 
 def _as_version(v: str | Version | None) -> Version | None:
@@ -163,8 +172,10 @@ class _Builder:
             self.problems.sort(key=lambda p: (p.line or 0))
             raise MatrixError(self.file, self.problems)
         assert axes is not None
+        value_lines = {(axis, value): self.lines.value_line(("axes", axis), _toml_text(value))
+                       for axis, values in axes.items() for value in values}
         return Matrix(self.file, name, title, engine_name, engine_versions, axes, models, rules, kernel_dtype, seed,
-                      probes)
+                      probes, {key: line for key, line in value_lines.items() if line is not None})
 
     def engine(self, table: Any) -> tuple[str, SpecifierSet | None]:
         if not isinstance(table, dict):
@@ -385,11 +396,18 @@ class _Builder:
                 self.problem(at + ("xfail",), "a skipped cell is never run: it cannot be xfail as well")
         elif "reject" in item:
             outcome = "reject"
-            error, message, match = self.reject(at + ("reject",), item["reject"], axes)
+            error, message, match = self.reject(at + ("reject",), item["reject"], axes,
+                                                reasons="reasons" in item)
         elif "accept" in item:
             outcome = "accept"
             if item["accept"] is not True:
                 self.problem(at + ("accept",), f"accept must be true, got {item['accept']!r}")
+        reasons: tuple[Reason, ...] = ()
+        if "reasons" in item:
+            reasons = self.reasons(at + ("reasons",), item["reasons"], axes)
+            if outcome != "reject" or message is None:
+                self.problem(at + ("reasons",), "reasons compose a reject message: the rule needs "
+                                                "reject = { error = ..., message = \"...{reasons}...\" }")
         xfail = item.get("xfail")
         if xfail is not None and (not isinstance(xfail, str) or not xfail.strip()):
             self.problem(at + ("xfail",), f"xfail must be a reason string, got {xfail!r}")
@@ -406,7 +424,7 @@ class _Builder:
         if len(self.problems) > before:
             return None
         return Rule(index, self.lines.line(at), when, outcome, error, message, match, xfail, versions, name, skip,
-                    links)
+                    links, reasons)
 
     def links(self, at: tuple[Any, ...], value: Any, xfail: Any) -> tuple[str, ...]:
         """``links = ["https://...", ...]``: the upstream reports of the rule's known bug (``xfail``)."""
@@ -425,6 +443,37 @@ class _Builder:
             else:
                 out.append(link)
         return tuple(out)
+
+    def reasons(self, at: tuple[Any, ...], items: Any, axes: Mapping[str, tuple[Any, ...]]
+                ) -> tuple[Reason, ...]:
+        if not isinstance(items, list) or not items:
+            self.problem(at, "reasons must be a non-empty array of { when = {...}, text = \"...\" }")
+            return ()
+        out = []
+        for i, item in enumerate(items):
+            where = at + (i,)
+            if not isinstance(item, dict):
+                self.problem(where, "a reason must be a table: { when = {...}, text = \"...\" }")
+                continue
+            for key in item:
+                if key not in REASON_KEYS:
+                    self.problem(where + (key,), f"unknown key {key!r} in reason (known: {', '.join(REASON_KEYS)})")
+            text = item.get("text")
+            if not isinstance(text, str) or not text:
+                self.problem(where + ("text",), f"text must be the engine's reason, got {text!r}")
+                continue
+            self.check_placeholders(where + ("text",), text, axes)
+            out.append(Reason(self.when(where + ("when",), item.get("when"), axes), text))
+        return tuple(out)
+
+    def check_placeholders(self, at: tuple[Any, ...], template: str, axes: Mapping[str, tuple[Any, ...]],
+                           allowed: tuple[str, ...] = ()) -> None:
+        for name in placeholders(template):
+            if name in allowed:
+                continue
+            if field_kind(name) is None or (name in AXES and name not in axes):
+                self.problem(at, f"placeholder {{{name}}} names no axis or field "
+                                 f"(known: {', '.join(known_fields(axes))}; write {{{{ for a literal brace)")
 
     def when(self, at: tuple[Any, ...], table: Any, axes: Mapping[str, tuple[Any, ...]]) -> tuple[Predicate, ...]:
         if table is None:
@@ -487,10 +536,13 @@ class _Builder:
             known = ", ".join(str(x) for x in axes[key])
             self.problem(at, f"unknown value {v!r} (known: {known})")
             return _BAD
+        if key in FIELD_VALUES and v not in FIELD_VALUES[key]:
+            self.problem(at, f"unknown value {v!r} (known: {', '.join(FIELD_VALUES[key])})")
+            return _BAD
         return v
 
-    def reject(self, at: tuple[Any, ...], table: Any, axes: Mapping[str, tuple[Any, ...]]
-               ) -> tuple[str | None, str | None, str | None]:
+    def reject(self, at: tuple[Any, ...], table: Any, axes: Mapping[str, tuple[Any, ...]],
+               reasons: bool = False) -> tuple[str | None, str | None, str | None]:
         if not isinstance(table, dict):
             self.problem(at, "reject must be a table: { error = \"ValueError\", message = \"...\" }")
             return None, None, None
@@ -507,11 +559,10 @@ class _Builder:
             if not isinstance(message, str):
                 self.problem(at + ("message",), f"message must be a string, got {message!r}")
             else:
-                for name in placeholders(message):
-                    if field_kind(name) is None or (name in AXES and name not in axes):
-                        self.problem(at + ("message",),
-                                     f"placeholder {{{name}}} names no axis or field "
-                                     f"(known: {', '.join(known_fields(axes))}; write {{{{ for a literal brace)")
+                self.check_placeholders(at + ("message",), message, axes,
+                                        (REASONS_PLACEHOLDER,) if reasons else ())
+                if reasons and REASONS_PLACEHOLDER not in placeholders(message):
+                    self.problem(at + ("message",), "a rule with reasons renders them: the message needs {reasons}")
         if match is not None:
             if not isinstance(match, str):
                 self.problem(at + ("match",), f"match must be a string, got {match!r}")
@@ -538,6 +589,8 @@ class _Builder:
         matched: set[int] = set()
         decided: set[int] = set()
         shadow: dict[int, int] = {}
+        reasons_wanted = {(r.index, i) for r in rules for i in range(len(r.reasons))}
+        reasons_seen: set[tuple[int, int]] = set()
         for cell in expand_cells(axes):
             model = models[cell.model]
             decider: Rule | None = None
@@ -547,11 +600,12 @@ class _Builder:
                 matched.add(rule.index)
                 if decider is None:
                     decided.add(rule.index)
+                    reasons_seen.update((rule.index, i) for i, r in enumerate(rule.reasons) if r.holds(cell, model))
                     if rule.outcome is not None and rule.engine_version is None:
                         decider = rule
                 else:
                     shadow.setdefault(rule.index, decider.index)
-            if len(decided) == len(rules):
+            if len(decided) == len(rules) and reasons_seen >= reasons_wanted:
                 break
         by_index = {r.index: r for r in rules}
         for rule in rules:
@@ -561,6 +615,11 @@ class _Builder:
                 earlier = by_index[shadow[rule.index]]
                 self.problem(("rule", rule.index, "when"),
                              f"rule is unreachable: every cell it matches is decided earlier by {earlier.label}")
+            else:
+                for i, reason in enumerate(rule.reasons):
+                    if (rule.index, i) not in reasons_seen:
+                        self.problem(("rule", rule.index, "reasons", i, "when"),
+                                     f"reason {reason.text!r} holds for no cell this rule decides")
 
 
 class _Bad:

@@ -27,7 +27,13 @@ _INT_FIELDS = (
     "qk_nope_head_dim",
     "v_head_dim",
     "head_dim",
+    "index_topk",
+    "index_n_heads",
+    "index_head_dim",
 )
+#: DeepSeek sparse attention (DSA): the lightning indexer's fields, as the checkpoint's
+#: ``config.json`` names them. All three or none; a model with them is a sparse MLA model.
+INDEXER_FIELDS = ("index_topk", "index_n_heads", "index_head_dim")
 #: Fields a rule can test (``model.<field>``); ``quantization`` reads as the method name or "none".
 MODEL_FIELDS = ("mla", *_INT_FIELDS, "quantization", "mtp_layers")
 #: Keys of a ``[models.NAME]`` table.
@@ -65,6 +71,9 @@ class ModelConfig:
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # config.json's rope_scaling, as sorted pairs
     quantization: tuple[tuple[str, Any], ...] | None = None  # config.json's quantization_config, as sorted pairs
     mtp_layers: int = 0  # num_nextn_predict_layers: the checkpoint's MTP draft layers
+    index_topk: int = 0  # sparse MLA only: KV tokens the indexer keeps per query token (0: dense)
+    index_n_heads: int = 0  # sparse MLA only: the indexer's query heads
+    index_head_dim: int = 0  # sparse MLA only: the indexer's head width
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rope_scaling", _frozen(self.rope_scaling))
@@ -89,7 +98,14 @@ class ModelConfig:
                     raise ModelConfigError(key, f"an MLA model needs {key} >= 1")
             if self.num_kv_heads != 1:
                 raise ModelConfigError("num_kv_heads", "an MLA model caches one latent head: num_kv_heads must be 1")
-        else:
+        given = [key for key in INDEXER_FIELDS if getattr(self, key)]
+        if given and not self.mla:
+            raise ModelConfigError(given[0], f"{given[0]}: only an MLA model has a sparse-attention indexer")
+        if given and len(given) != len(INDEXER_FIELDS):
+            missing = next(key for key in INDEXER_FIELDS if key not in given)
+            raise ModelConfigError(missing, f"a sparse MLA model needs all of {', '.join(INDEXER_FIELDS)} >= 1 "
+                                            f"({missing} is missing)")
+        if not self.mla:
             if self.head_dim < 1:
                 raise ModelConfigError("head_dim", "a non-MLA model needs head_dim >= 1")
             if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
@@ -126,6 +142,11 @@ class ModelConfig:
         return 0.1 * float(rope.get("mscale_all_dim", 0.0)) * math.log(factor) + 1.0
 
     @property
+    def sparse(self) -> bool:
+        """A DeepSeek sparse-attention (DSA) model: attention reads the indexer's top-k tokens only."""
+        return self.index_topk > 0
+
+    @property
     def softmax_scale(self) -> float:
         """The model's scale: ``mscale² / sqrt(qk_nope + qk_rope)`` for MLA (YaRN included), ``1/sqrt(head_dim)`` for GQA."""
         if self.mla:
@@ -156,10 +177,14 @@ class ModelConfig:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["rope_scaling"] = _thawed(self.rope_scaling)
-        d["quantization"] = _thawed(self.quantization)
-        return d
+        """The fields as plain values; a dense model's (zero) indexer fields are left out."""
+        data = dataclasses.asdict(self)
+        data["rope_scaling"] = _thawed(self.rope_scaling)
+        data["quantization"] = _thawed(self.quantization)
+        if not self.sparse:
+            for key in INDEXER_FIELDS:
+                data.pop(key)
+        return data
 
     @classmethod
     def from_mapping(cls, name: str, data: Mapping[str, Any]) -> "ModelConfig":
@@ -266,9 +291,9 @@ def _yarn(factor: float, mscale: float, mscale_all_dim: float, beta_fast: float 
 
 def _mla(name: str, num_heads: int, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
          qk_nope_head_dim: int = 128, v_head_dim: int = 128, *, rope: Mapping[str, Any] | None = None,
-         quant: Mapping[str, Any] | None = None, mtp: int = 0) -> ModelConfig:
+         quant: Mapping[str, Any] | None = None, mtp: int = 0, **indexer: int) -> ModelConfig:
     return ModelConfig(name, True, num_heads, 1, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
-                       rope_scaling=rope, quantization=quant, mtp_layers=mtp)
+                       rope_scaling=rope, quantization=quant, mtp_layers=mtp, **indexer)
 
 
 def _gqa(name: str, num_heads: int, num_kv_heads: int, head_dim: int, *,
@@ -286,11 +311,15 @@ LLAMA3_ROPE = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
 #: holds the two together): DeepSeek-V3/R1 and Kimi-K2 share the V3 attention
 #: (512/64/128/128) with 128 and 64 heads, FP8 block-quantized weights and YaRN (factor 40
 #: and 32, mscale_all_dim 1: softmax scale ×1.874 and ×1.812); DeepSeek-V2 and V2-Lite are
-#: bf16 checkpoints with YaRN factor 40, mscale_all_dim 0.707 (×1.590).
+#: bf16 checkpoints with YaRN factor 40, mscale_all_dim 0.707 (×1.590). DeepSeek-V3.2
+#: (deepseek-ai/DeepSeek-V3.2, as V3.2-Exp) is V3's attention and checkpoint plus the
+#: lightning indexer of DeepSeek sparse attention (top 2048 tokens, 64 indexer heads of 128).
 BUILTIN_MODELS: Mapping[str, ModelConfig] = {
     m.name: m
     for m in (
         _mla("deepseek-v3", 128, rope=_yarn(40, 1.0, 1.0), quant=FP8_BLOCK, mtp=1),
+        _mla("deepseek-v3.2", 128, rope=_yarn(40, 1.0, 1.0), quant=FP8_BLOCK, mtp=1,
+             index_topk=2048, index_n_heads=64, index_head_dim=128),
         _mla("deepseek-r1", 128, rope=_yarn(40, 1.0, 1.0), quant=FP8_BLOCK, mtp=1),
         _mla("deepseek-v2", 128, rope=_yarn(40, 0.707, 0.707)),
         _mla("deepseek-v2-lite", 16, rope=_yarn(40, 0.707, 0.707)),

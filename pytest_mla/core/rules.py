@@ -9,6 +9,14 @@ the next matching rule decide what it must do; a rule with ``xfail`` may name th
 related upstream reports (``links``), which follow the xfail into the cell's
 expectation. Rules gated by ``engine_version`` apply only to the
 engine versions their specifier admits.
+
+A ``reject`` rule may compose its message from ``reasons``: each reason is a
+``when`` and an engine text; ``{reasons}`` in the message renders the texts
+whose ``when`` holds for the cell, in order, as the engine prints a Python list
+(``['block_size not supported', 'DCP not supported']``). Such a rule matches a
+cell only when at least one of its reasons holds: an engine that collects
+every failing check (vLLM's ``validate_configuration``) refuses only when the
+list is not empty.
 """
 
 from __future__ import annotations
@@ -21,13 +29,15 @@ from typing import Any, Callable, Mapping
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from .cells import AXES, INT_AXES, Cell, arch_number
+from .cells import AXES, INT_AXES, PLATFORMS, Cell, arch_number, platform_of
 from .models import MODEL_FIELDS, ModelConfig
 from .spec import parse_spec
 
 #: Derived fields a rule may test besides the axes and ``model.<field>``.
 SPEC_FIELDS = ("topk", "steps", "tree", "enabled", "algorithm", "s_q")
-DERIVED_FIELDS = tuple(f"spec.{f}" for f in SPEC_FIELDS) + ("arch.sm",)
+DERIVED_FIELDS = tuple(f"spec.{f}" for f in SPEC_FIELDS) + ("arch.sm", "arch.platform")
+#: The values a derived string field can take (a rule naming another is an error of the file).
+FIELD_VALUES: Mapping[str, tuple[str, ...]] = {"arch.platform": PLATFORMS}
 
 _COMPARE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?\d+)\s*$")
 _OPS: Mapping[str, Callable[[Any, Any], bool]] = {
@@ -41,7 +51,7 @@ def field_kind(key: str) -> str | None:
     """'int', 'bool' or 'str' for a key a rule may test; None if unknown."""
     if key in INT_AXES or key in ("spec.topk", "spec.steps", "spec.s_q", "arch.sm"):
         return "int"
-    if key in AXES or key == "spec.algorithm":
+    if key in AXES or key in ("spec.algorithm", "arch.platform"):
         return "str"
     if key in ("spec.tree", "spec.enabled"):
         return "bool"
@@ -67,6 +77,8 @@ def field_value(key: str, cell: Cell, model: ModelConfig) -> Any:
         }[key]
     if key == "arch.sm":
         return arch_number(cell.arch)
+    if key == "arch.platform":
+        return platform_of(cell.arch)
     return getattr(cell, key)
 
 
@@ -94,6 +106,21 @@ class Predicate:
         return f"{self.key} {self.op} {self.values[0]}"
 
 
+#: The placeholder of a rule's message that renders its holding ``reasons``.
+REASONS_PLACEHOLDER = "reasons"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    """One check of an engine that lists every failing check: when it fails, and its text."""
+
+    when: tuple[Predicate, ...]
+    text: str  # the engine's text, with {field} placeholders
+
+    def holds(self, cell: Cell, model: ModelConfig) -> bool:
+        return all(p.test(field_value(p.key, cell, model)) for p in self.when)
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     index: int
@@ -108,6 +135,7 @@ class Rule:
     name: str | None = None
     skip: str | None = None  # the reason, for outcome "skip"
     links: tuple[str, ...] = ()  # upstream reports of the known bug (``xfail``), as URLs
+    reasons: tuple[Reason, ...] = ()  # reject only: the message's {reasons}, in the engine's order
 
     @property
     def label(self) -> str:
@@ -120,7 +148,20 @@ class Rule:
         return self.engine_version.contains(version, prereleases=True)
 
     def matches(self, cell: Cell, model: ModelConfig) -> bool:
-        return all(p.test(field_value(p.key, cell, model)) for p in self.when)
+        if not all(p.test(field_value(p.key, cell, model)) for p in self.when):
+            return False
+        return not self.reasons or any(r.holds(cell, model) for r in self.reasons)
+
+    def holding_reasons(self, cell: Cell, model: ModelConfig) -> list[str]:
+        """The texts of the reasons that hold for the cell, rendered, in order."""
+        return [render_message(r.text, cell, model) for r in self.reasons if r.holds(cell, model)]
+
+    def render(self, cell: Cell, model: ModelConfig) -> str | None:
+        """The exact message this rule expects of the cell (None for a ``match`` rule)."""
+        if self.message is None:
+            return None
+        extra = {REASONS_PLACEHOLDER: str(self.holding_reasons(cell, model))} if self.reasons else None
+        return render_message(self.message, cell, model, extra)
 
     def why(self, cell: Cell, model: ModelConfig) -> list[tuple[str, Any, bool]]:
         """Each predicate with the cell's value and whether it held (for ``explain``)."""
@@ -131,11 +172,19 @@ class Rule:
         return out
 
 
-def render_message(template: str, cell: Cell, model: ModelConfig) -> str:
-    """Fill ``{backend}``-style placeholders; ``{{``/``}}`` are literal braces."""
+def render_message(template: str, cell: Cell, model: ModelConfig,
+                   extra: Mapping[str, str] | None = None) -> str:
+    """Fill ``{backend}``-style placeholders (and ``extra``'s); ``{{``/``}}`` are literal braces."""
     sentinel_open, sentinel_close = "\x00", "\x01"
     text = template.replace("{{", sentinel_open).replace("}}", sentinel_close)
-    text = _PLACEHOLDER.sub(lambda m: str(field_value(m.group(1), cell, model)), text)
+
+    def fill(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if extra is not None and name in extra:
+            return extra[name]
+        return str(field_value(name, cell, model))
+
+    text = _PLACEHOLDER.sub(fill, text)
     return text.replace(sentinel_open, "{").replace(sentinel_close, "}")
 
 
@@ -200,7 +249,7 @@ def decide(rules: tuple[Rule, ...], cell: Cell, model: ModelConfig,
         if rule.outcome == "accept":
             return Expectation("accept", xfail=reason, rule=rule.index, rule_line=rule.line,
                                xfail_after_accept=rule.xfail is None and marker is not None, links=links)
-        message = render_message(rule.message, cell, model) if rule.message is not None else None
+        message = rule.render(cell, model)
         return Expectation("reject", rule.error, message, rule.match, reason, rule.index, rule.line, links=links)
     if marker is None:
         return Expectation("accept")

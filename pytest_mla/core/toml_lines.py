@@ -28,6 +28,7 @@ def _split_key(text: str) -> list[str]:
 
 class LineIndex:
     def __init__(self, text: str) -> None:
+        self._text = text.splitlines()
         self._lines: dict[Path, int] = {}
         array_counts: dict[Path, int] = {}
         table: Path = ()
@@ -59,3 +60,21 @@ class LineIndex:
                 return self._lines[path]
             path = path[:-1]
         return None
+
+    def value_line(self, path: Sequence[Hashable], token: str) -> int | None:
+        """Line of ``token`` (a value's TOML text, ``"npu"``) in the value of the key at ``path``.
+
+        The value may span lines (a list over several lines): the search runs
+        from the key's line until the next key or table header. Falls back to
+        the key's own line.
+        """
+        first = self.line(path)
+        if first is None:
+            return None
+        for lineno in range(first, len(self._text) + 1):
+            raw = self._text[lineno - 1]
+            if lineno > first and (_HEADER.match(raw) or _ASSIGN.match(raw)):
+                break
+            if token in raw.split("#", 1)[0]:
+                return lineno
+        return first

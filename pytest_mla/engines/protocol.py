@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-__all__ = ["AdapterError", "Configured", "Engine", "KernelSpec"]
+__all__ = ["AdapterError", "Configured", "Engine", "KernelSpec", "UnreachableError"]
 
 from ..core.cells import Cell
-from ..core.errors import AdapterError
+from ..core.errors import AdapterError, UnreachableError
 from ..core.kernelspec import KernelSpec
 from ..core.models import ModelConfig
 
@@ -49,3 +49,7 @@ class Engine(Protocol):
     # Optional: ``registered_backends(self) -> Mapping[str, bool]``: every attention
     # backend the installed engine registers, mapped to whether it can serve MLA
     # models. The report names the MLA-capable ones a matrix does not cover.
+    #
+    # Optional: ``known_archs(self) -> Sequence[str]``: the ``arch`` values the installed
+    # release has a platform for (``"smNN"`` stands for every NVIDIA arch). An arch of the
+    # matrix outside it is an error of the file, naming the value and these.

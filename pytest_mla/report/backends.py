@@ -5,7 +5,8 @@ one column per feature the matrix has an axis for:
 
 - one column per GPU arch: the backend's *plain* configuration on that arch
   (no speculation, no DCP, the default KV dtype; every model of the family
-  and every page size);
+  and every page size); where the archs span several platforms, each title
+  names its platform (``CUDA sm90``, ``ROCm gfx942``, ``CPU cpu_amx``);
 - ``spec chain`` / ``spec tree``: speculative decoding with topk 1 / topk > 1;
 - ``DCP`` / ``DCP + spec``: decode context parallelism (size > 1) without /
   with speculative decoding;
@@ -58,7 +59,7 @@ import operator
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from ..core.cells import AXES
+from ..core.cells import AXES, PLATFORM_LABELS, platform_of
 from ..core.records import is_construction_stop
 from ..core.spec import SpecError, parse_spec
 from ..core.verdicts import ACCEPTED, KERNEL_FAILED, VERIFIED
@@ -247,8 +248,12 @@ def _columns(model: ReportModel, plain: Mapping[str, Any]) -> list[Column]:
 
     columns: list[Column] = []
     base = fixed("spec", "dcp")
-    for arch in axes.get("arch", []):
-        columns.append(Column(arch, "arch", lambda c, a=arch: c.get("arch") == a and base(c), (),
+    archs = list(axes.get("arch", []))
+    several = len({platform_of(str(a)) for a in archs}) > 1  # then each arch column names its platform
+    for arch in archs:
+        label = PLATFORM_LABELS.get(platform_of(str(arch)) or "", "")
+        title = f"{label} {arch}" if several and label else str(arch)
+        columns.append(Column(title, "arch", lambda c, a=arch: c.get("arch") == a and base(c), (),
                               f"the plain configuration on {arch}"))
     kinds = {s: _spec_kind(s) for s in axes.get("spec", [])}
     chains = [s for s, k in kinds.items() if k == "chain"]

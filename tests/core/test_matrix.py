@@ -466,3 +466,106 @@ def test_links_without_an_xfail_are_a_problem(tmp_path):
     assert problems(tmp_path, body) == [
         f"matrix/m.toml:{line_of(path, 'links =')}: rule[0].links: links name the upstream reports of a known "
         "bug: give the rule an xfail reason too"]
+# -- platforms: arch values beyond GPU archs ----------------------------------------------
+
+PLATFORM_AXES = AXES.replace('arch    = ["sm90", "sm100"]', 'arch    = ["sm90", "gfx942", "gfx950", "cpu", "cpu_amx", "xpu", "npu"]')
+
+
+def test_device_archs_expand_and_rules_test_their_platform(tmp_path):
+    m = load_matrix(write(tmp_path, """
+        [[rule]]
+        name = "a ROCm-only backend elsewhere"
+        when = { backend = "trtllm_mla", "arch.platform" = { not = ["cuda"] } }
+        reject = { error = "ValueError", message = "no {backend} on {arch.platform} ({arch})" }
+        [[rule]]
+        when = { "arch.platform" = ["cpu", "npu"], backend = "fa3" }
+        skip = "not built there"
+    """, axes=PLATFORM_AXES))
+    cells = {c.arch for c in m.cells()}
+    assert cells == {"sm90", "gfx942", "gfx950", "cpu", "cpu_amx", "xpu", "npu"}
+    gfx = m.expectation(Cell("deepseek-v3", "trtllm_mla", 1, "none", "gfx950"))
+    assert (gfx.kind, gfx.message) == ("reject", "no trtllm_mla on rocm (gfx950)")
+    assert m.expectation(Cell("deepseek-v3", "trtllm_mla", 1, "none", "sm90")).kind == "accept"
+    assert m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "cpu_amx")).kind == "skip"
+    assert m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "xpu")).kind == "accept"
+    # arch.sm is an NVIDIA number: a comparison never holds on another platform
+    m2 = load_matrix(write(tmp_path, """
+        [[rule]]
+        when = { "arch.sm" = "<100" }
+        reject = { error = "ValueError", message = "old" }
+    """, axes=PLATFORM_AXES, name="m2.toml"))
+    assert m2.expectation(Cell("deepseek-v3", "fa3", 1, "none", "cpu")).kind == "accept"
+    assert m2.expectation(Cell("deepseek-v3", "fa3", 1, "none", "sm90")).kind == "reject"
+
+
+def test_unknown_platform_in_a_rule_is_reported_with_its_line(tmp_path):
+    path = write(tmp_path, """
+        [[rule]]
+        when = { "arch.platform" = "tpu" }
+        accept = true
+    """, axes=PLATFORM_AXES)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, '"tpu"')
+    assert f"matrix/m.toml:{line}: rule[0].when.\"arch.platform\": unknown value 'tpu' (known: cuda, rocm, cpu, xpu, npu)" \
+        in str(info.value).splitlines()
+
+
+def test_unknown_device_arch_is_an_error(tmp_path):
+    path = write(tmp_path, "", axes=AXES.replace('"sm100"]', '"cpu-avx"]'))
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    assert "axes.arch: unknown arch 'cpu-avx'" in str(info.value)
+    assert "cpu, cpu_amx, xpu, npu" in str(info.value)
+
+
+# -- reasons: a message composed of every failing check, as vLLM's validate_configuration lists them ----
+
+REASONS_RULE = """
+    [[rule]]
+    when = { backend = "fa3" }
+    reject = { error = "ValueError", message = "Selected backend {backend} is not valid. Reason: {reasons}" }
+    reasons = [
+      { when = { "model.mla" = false }, text = "non-MLA not supported" },
+      { when = { arch = "sm100" }, text = "compute capability not supported" },
+      { when = { dcp = ">1" }, text = "DCP {dcp} not supported" },
+    ]
+    [[rule]]
+    when = { backend = "fa3" }
+    reject = { error = "ValueError", message = "later" }
+"""
+
+
+def test_reasons_render_the_holding_checks_in_order_as_a_python_list(tmp_path):
+    m = load_matrix(write(tmp_path, REASONS_RULE))
+    every = m.expectation(Cell("llama-3.1-8b", "fa3", 2, "none", "sm100"))
+    assert (every.kind, every.rule, every.message) == ("reject", 0, "Selected backend fa3 is not valid. Reason: "
+                                                       "['non-MLA not supported', 'compute capability not supported', "
+                                                       "'DCP 2 not supported']")
+    one = m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "sm100"))
+    assert one.message == "Selected backend fa3 is not valid. Reason: ['compute capability not supported']"
+    # no reason holds: the engine finds nothing to refuse, the rule does not match, the next one decides
+    none = m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "sm90"))
+    assert (none.rule, none.message) == (1, "later")
+
+
+@pytest.mark.parametrize("body, needle, expected", [
+    (REASONS_RULE.replace("{reasons}", "{why}"), "{why}", "rule[0].reject.message: placeholder {why} names no axis"),
+    (REASONS_RULE.replace("Reason: {reasons}", "Reason: fixed"), "Reason: fixed",
+     "rule[0].reject.message: a rule with reasons renders them: the message needs {reasons}"),
+    (REASONS_RULE.replace('text = "non-MLA', 'txt = "non-MLA'), "reasons = [",
+     "rule[0].reasons[0].txt: unknown key 'txt' in reason"),
+    (REASONS_RULE.replace('{ dcp = ">1" }', '{ dcp = ">4" }'), "reasons = [",
+     "rule[0].reasons[2].when: reason 'DCP {dcp} not supported' holds for no cell this rule decides"),
+    ("""
+     [[rule]]
+     when = { backend = "fa3" }
+     reject = { error = "ValueError", message = "x {reasons}" }
+     """, "{reasons}", "rule[0].reject.message: placeholder {reasons} names no axis"),
+])
+def test_reasons_mistakes_are_reported_with_their_line(tmp_path, body, needle, expected):
+    path = write(tmp_path, body)
+    with pytest.raises(MatrixError) as info:
+        load_matrix(path, display_path="matrix/m.toml")
+    line = line_of(path, needle)
+    assert any(p.startswith(f"matrix/m.toml:{line}: {expected}") for p in str(info.value).splitlines()), str(info.value)

@@ -59,7 +59,7 @@ def test_catalogue_matches_the_config_json_the_engines_read(name):
 
 def test_served_checkpoints_are_fp8_where_the_official_release_is():
     assert [n for n, m in sorted(BUILTIN_MODELS.items()) if m.quant_method == "fp8"] == \
-        ["deepseek-r1", "deepseek-v3", "kimi-k2"]
+        ["deepseek-r1", "deepseek-v3", "deepseek-v3.2", "kimi-k2"]
 
 
 @pytest.mark.parametrize("fields, key", [
@@ -89,3 +89,61 @@ def test_bad_model_entries_name_the_field(fields, key):
     with pytest.raises(ModelConfigError) as info:
         ModelConfig.from_mapping("m", fields)
     assert info.value.key == key
+
+
+def test_deepseek_v32_is_v3_attention_with_the_published_indexer():
+    # deepseek-ai/DeepSeek-V3.2 config.json: index_topk 2048, index_n_heads 64, index_head_dim 128.
+    m = BUILTIN_MODELS["deepseek-v3.2"]
+    assert (m.num_heads, m.d_qk, m.d_v) == (128, 576, 512)
+    assert (m.index_topk, m.index_n_heads, m.index_head_dim, m.sparse) == (2048, 64, 128, True)
+    assert not BUILTIN_MODELS["deepseek-v3"].sparse and BUILTIN_MODELS["deepseek-v3"].index_topk == 0
+
+
+MLA = {"mla": True, "num_heads": 8, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+       "v_head_dim": 128}
+
+
+@pytest.mark.parametrize("fields, key, text", [
+    ({**MLA, "index_topk": 2048, "index_n_heads": 64}, "index_head_dim", "needs all of index_topk"),
+    ({"mla": False, "num_heads": 8, "head_dim": 64, "index_topk": 512}, "index_topk", "only an MLA model"),
+    ({**MLA, "index_topk": -1, "index_n_heads": 64, "index_head_dim": 128}, "index_topk", "non-negative"),
+])
+def test_bad_indexer_fields_name_the_field(fields, key, text):
+    with pytest.raises(ModelConfigError) as info:
+        ModelConfig.from_mapping("m", fields)
+    assert info.value.key == key and text in info.value.message
+
+
+def test_a_matrix_model_may_be_sparse_and_rules_test_its_indexer(tmp_path):
+    from pytest_mla.core.cells import Cell
+    from pytest_mla.core.matrix import load_matrix
+
+    path = tmp_path / "m.toml"
+    path.write_text("""
+[models.tiny-dsa]
+mla = true
+num_heads = 16
+kv_lora_rank = 512
+qk_rope_head_dim = 64
+qk_nope_head_dim = 128
+v_head_dim = 128
+index_topk = 512
+index_n_heads = 16
+index_head_dim = 128
+
+[axes]
+model = ["tiny-dsa", "deepseek-v3"]
+backend = ["sparse_only"]
+dcp = [1]
+spec = ["none"]
+arch = ["sm90"]
+
+[[rule]]
+when = { "model.index_topk" = 0 }
+reject = { error = "ValueError", message = "{backend} needs index_topk, {model} has {model.index_topk}" }
+""")
+    m = load_matrix(path)
+    assert m.models["tiny-dsa"].sparse
+    assert m.expectation(Cell("tiny-dsa", "sparse_only", 1, "none", "sm90")).kind == "accept"
+    dense = m.expectation(Cell("deepseek-v3", "sparse_only", 1, "none", "sm90"))
+    assert dense.message == "sparse_only needs index_topk, deepseek-v3 has 0"

@@ -127,6 +127,38 @@ def test_xfail_rule_marks_known_bugs_and_xpass_is_reported(liar):
     assert doc["cells"][0]["xfail_reason"] == "engine accepts this by mistake (issue 123)"
 
 
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_xfail_marks_an_engine_crash_but_never_an_adapter_error(liar, xdist):
+    """A crash of the engine's own code is a known bug an xfail rule may mark; the adapter's failures stay errors."""
+    liar.makeconftest(liar.path.joinpath("conftest.py").read_text() + '''
+
+from pytest_mla.engines.protocol import AdapterError
+
+
+class AdapterFails(LiarEngine):
+    name = "adapterfails"
+
+    def configure(self, cell, model):
+        if cell.backend == "stuck":
+            raise AdapterError("construct", "the stand-in lacks a field", engine="adapterfails", version="1")
+        return super().configure(cell, model)
+
+
+def pytest_mla_engines(config):
+    return {"liar": LiarEngine, "adapterfails": AdapterFails}
+''')
+    liar.makefile(".toml", m=matrix(["boom", "stuck"], engine="adapterfails", rules="""
+        [[rule]]
+        when = {}
+        xfail = "known: the engine raises instead of refusing (issue 7)"
+    """))
+    result = liar.runpytest("--mla-matrix=m.toml", "-rxX", *xdist)
+    result.assert_outcomes(xfailed=2, failed=2)
+    doc = read_report(liar)
+    assert verdicts(doc) == {"deepseek-v3/boom/dcp1/none/sm90": "xfail", "deepseek-v3/boom/dcp1/none/sm100": "xfail",
+                             "deepseek-v3/stuck/dcp1/none/sm90": "error", "deepseek-v3/stuck/dcp1/none/sm100": "error"}
+
+
 def test_engine_version_gate_uses_the_engine_version(liar):
     liar.makefile(".toml", m=matrix(["strict"], rules="""
         [[rule]]

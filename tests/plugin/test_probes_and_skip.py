@@ -197,3 +197,52 @@ def test_a_matrix_saved_with_a_byte_order_mark_loads(counting):
     result = pytester.runpytest("--mla-matrix=m.toml", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines([f"*m.toml:{line}: probes.dcp: 7 is not a value*"])
     json.dumps(read_report(pytester))  # the earlier report is untouched and plain JSON
+
+
+UNREACHABLE_CONFTEST = '''
+from pytest_mla.engines.protocol import Configured, UnreachableError
+
+
+class PlatformEngine:
+    name = "platforms"
+    version = "1.0"
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        if cell.backend == "rocm_only" and cell.arch == "sm90":
+            raise ValueError("rocm_only needs a ROCm GPU")
+        if cell.backend == "rocm_only":
+            raise UnreachableError("construct", "RocmImpl.__init__ imports 'aiter' (rocm.py:12), which does not "
+                                   "exist for this host", engine="platforms", version="1.0")
+        return Configured({"decode": cell.backend}, kernel_reason="no kernel here")
+
+    def metadata(self):
+        return {}
+
+
+def pytest_mla_engines(config):
+    return {"platforms": PlatformEngine}
+'''
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_a_cell_the_engine_cannot_reach_here_is_skipped_naming_the_import(pytester, xdist):
+    """Unreachable is neither the engine's refusal nor a crash: skip, with the import in the reason; a refusal
+    raised before it is still judged."""
+    pytester.makeconftest(UNREACHABLE_CONFTEST)
+    pytester.makefile(".toml", m=matrix(["rocm_only", "plain"], engine="platforms", archs=("sm90", "gfx942"), rules="""
+        [[rule]]
+        when = { backend = "rocm_only", arch = "sm90" }
+        reject = { error = "ValueError", message = "rocm_only needs a ROCm GPU" }
+    """))
+    result = pytester.runpytest("--mla-matrix=m.toml", "-rs", *xdist)
+    result.assert_outcomes(passed=3, skipped=1)
+    result.stdout.fnmatch_lines(["*unreachable on this host: adapter step 'construct' failed on platforms 1.0: "
+                                 "RocmImpl.__init__ imports 'aiter' (rocm.py:12)*"])
+    doc = read_report(pytester)
+    assert verdicts(doc) == {"deepseek-v3/rocm_only/dcp1/none/sm90": "pass",
+                             "deepseek-v3/rocm_only/dcp1/none/gfx942": "skip",
+                             "deepseek-v3/plain/dcp1/none/sm90": "pass",
+                             "deepseek-v3/plain/dcp1/none/gfx942": "pass"}
+    skipped = next(c for c in doc["cells"] if c["verdict"] == "skip")
+    assert skipped["outcome"]["error"] == "UnreachableError" and "'aiter'" in skipped["outcome"]["message"]

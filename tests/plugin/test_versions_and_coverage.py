@@ -123,3 +123,37 @@ def test_strict_coverage_that_cannot_be_checked_fails_and_says_why(liar):
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["--mla-strict-coverage: cannot check m.toml: its adapter 'liar' has no "
                                  "registered_backends()"])
+PLATFORM_CONFTEST = LIAR_CONFTEST + '''
+
+class PlatformEngine(LiarEngine):
+    name = "platforms"
+
+    def known_archs(self):
+        return ("smNN", "gfx942", "cpu")
+
+
+def pytest_mla_engines(config):
+    return {"platforms": PlatformEngine}
+'''
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_an_arch_the_release_has_no_platform_for_stops_at_collection(pytester, xdist):
+    pytester.makeconftest(PLATFORM_CONFTEST)
+    text = matrix(["lenient"], engine="platforms", archs=("sm90", "gfx942", "gfx950", "npu"))
+    text = text.replace('arch = ["sm90", "gfx942", "gfx950", "npu"]',
+                        'arch = [\n    "sm90",\n    "gfx942",\n    "gfx950",\n    "npu",\n]')
+    lines = pytester.makefile(".toml", m=text).read_text().splitlines()
+    gfx950, npu = lines.index('    "gfx950",') + 1, lines.index('    "npu",') + 1
+    result = pytester.runpytest("--mla-matrix=m.toml", *xdist)
+    assert result.ret in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.TESTS_FAILED)  # xdist: 1
+    result.stdout.fnmatch_lines([
+        f"*m.toml:{gfx950}: axes.arch: platforms 1.2.0 has no platform for arch 'gfx950' (known: smNN, gfx942, cpu)*",
+        f"*m.toml:{npu}: axes.arch: platforms 1.2.0 has no platform for arch 'npu' (known: smNN, gfx942, cpu)*"])
+    assert "passed" not in result.stdout.str()
+
+
+def test_archs_the_release_knows_run(pytester):
+    pytester.makeconftest(PLATFORM_CONFTEST)
+    pytester.makefile(".toml", m=matrix(["lenient"], engine="platforms", archs=("sm80", "sm100", "gfx942", "cpu")))
+    pytester.runpytest("--mla-matrix=m.toml").assert_outcomes(passed=4)

@@ -253,3 +253,24 @@ def test_real_result_files(name):
             for cell in line.split(" | "):
                 if "◐" in cell:
                     assert any(r.strip("[]") in notes for r in cell.split()[1:]), line
+
+
+def test_arch_columns_name_their_platform_when_the_matrix_spans_several():
+    """One column per arch either way; with archs of several platforms each title says which (CUDA, ROCm, CPU)."""
+    from pytest_mla.report.backends import build_backends_view
+    from pytest_mla.report.model import ReportModel
+
+    from .helpers import make_document
+
+    axes = {"model": ["deepseek-v3"], "backend": ["triton"], "dcp": [1], "spec": ["none"],
+            "arch": ["sm90", "gfx942", "cpu_amx"]}
+    doc = make_document(axes)
+    view = build_backends_view(ReportModel(doc))
+    assert [c.title for c in view.columns if c.kind == "arch"] == ["CUDA sm90", "ROCm gfx942", "CPU cpu_amx"]
+    markdown = render_markdown(doc)
+    header = next(line for line in markdown.splitlines() if line.startswith("| backend"))
+    assert [part.strip() for part in header.strip("|").split("|")] == [
+        "backend", "CUDA sm90", "ROCm gfx942", "CPU cpu\\_amx", "verified on"]
+    assert "<th>ROCm gfx942</th>" in render_html(doc)
+    single = build_backends_view(ReportModel(make_document({**axes, "arch": ["sm90", "sm100"]})))
+    assert [c.title for c in single.columns if c.kind == "arch"] == ["sm90", "sm100"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -116,6 +117,27 @@ def test_explain_marks_the_deciding_rule(tmp_path, capsys):
     assert main(["explain", matrix, "deepseek-v3/triton/dcp1/none/sm90"]) == 0
     out = capsys.readouterr().out
     assert "no rule decides" in out and out.rstrip().endswith("expectation: accept")
+
+
+def test_explain_lists_each_reason_and_decides_only_when_one_holds(tmp_path, capsys):
+    listed = SMALL_MATRIX.replace("[[rule]]", """[[rule]]
+when = { backend = "flashmla" }
+reject = { error = "ValueError", message = "flashmla: {reasons}" }
+reasons = [
+  { when = { arch = "sm100" }, text = "compute capability not supported" },
+  { when = { dcp = ">1" }, text = "DCP not supported" },
+]
+
+[[rule]]""", 1)
+    matrix = write(tmp_path, "m.toml", listed)
+    assert main(["explain", matrix, "deepseek-v3/flashmla/dcp2/none/sm100"]) == 0
+    out = capsys.readouterr().out
+    assert "reason ✓ 'compute capability not supported'" in out and "reason ✓ 'DCP not supported'" in out
+    assert out.rstrip().endswith("flashmla: ['compute capability not supported', 'DCP not supported']")
+    assert main(["explain", matrix, "deepseek-v3/flashmla/dcp1/none/sm90"]) == 0
+    out = capsys.readouterr().out
+    assert "reason ✗ 'DCP not supported'" in out and re.search(r"rule\[0\] \(line \d+\): no match", out)
+    assert out.rstrip().endswith("expectation: accept")
 
 
 def test_explain_engine_version_gate(tmp_path, capsys):

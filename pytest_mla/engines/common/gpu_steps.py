@@ -41,7 +41,7 @@ from typing import Any, Iterable, Iterator
 _CUDA_ABSENT = re.compile(
     r"Torch not compiled with CUDA enabled|requires CUDA support|Found no NVIDIA driver|"
     r"No CUDA GPUs are available|no CUDA-capable device|CUDA driver initialization failed|"
-    r"Cannot access accelerator device"
+    r"Cannot access accelerator device|Torch not compiled with XPU enabled"
 )
 
 #: ``torch.cuda`` classes and context managers whose construction needs CUDA.

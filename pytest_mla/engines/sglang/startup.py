@@ -64,14 +64,17 @@ import types
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
-from ...core.cells import Cell, arch_number
+from ...core.cells import Cell, platform_of
 from ...core.models import ModelConfig
 from ...core.records import construction_stop_note
 from ...core.spec import parse_spec
 from ..common import quiet as _quiet
 from ..common.gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from ..common.gpu_steps import stop_at_gpu_steps
-from ..protocol import AdapterError, Configured
+from ..protocol import AdapterError, Configured, UnreachableError
+from ..common.platform_process import PLATFORM_ENV, PlatformProcess
+from .platforms import PLATFORM_LIBRARIES, ArchProbes, capability_of, device_of, fake_import_platform, known_archs
+from .platforms import platform_facts
 from .support import STUBS
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
@@ -101,8 +104,10 @@ JIT_LOADERS = (("sglang.kernels.jit.utils.compile.loader", "load_jit"),)
 
 #: What the kernel-execution side says by default (sglang_backend.py replaces ``kernel_for``).
 
-#: The catalogue model whose config decides ``registered_backends`` (an MLA model).
+#: The catalogue models whose configs decide ``registered_backends``: a dense MLA model and a
+#: sparse (DSA) one, so that the sparse MLA backends (``dsa``, its alias ``nsa``) count as MLA-capable.
 MLA_PROBE_MODEL = "deepseek-v3"
+MLA_PROBE_MODELS = ("deepseek-v3", "deepseek-v3.2")
 
 _BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 _SPEC_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn": "NEXTN"}
@@ -110,32 +115,6 @@ _SPEC_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn
 #: Objects of a model runner that exist only once weights are loaded and KV pools allocated on a GPU.
 _GPU_ONLY_RUNNER_FIELDS = ("model", "req_to_token_pool", "token_to_kv_pool", "token_to_kv_pool_allocator",
                            "kv_index_translator", "max_total_num_tokens", "max_running_requests")
-
-
-def platform_facts(arch: str) -> dict[str, Any]:
-    """Every SGLang platform fact the adapter can derive for an NVIDIA arch such as ``sm90``.
-
-    A release may know fewer (0.5.20/0.5.21 have no ``is_mps``/``is_sm110``):
-    the engine passes only those the installed release knows.
-    """
-    sm = arch_number(arch)
-    if sm is None:
-        raise ValueError(f"sglang adapter: only NVIDIA archs (smNN) can be faked, got {arch!r}")
-    major, minor = divmod(sm, 10)
-    return {
-        "is_cuda": True, "is_hip": False, "is_npu": False, "is_xpu": False, "is_musa": False, "is_mps": False,
-        "is_sm90": major == 9,
-        "is_sm100": major == 10,
-        "is_sm100_or_sm110": major in (10, 11),
-        "is_sm110": major == 11,
-        "is_sm120": major == 12,
-        "is_blackwell": major in (10, 11, 12),
-        "is_hopper_with_cuda_12_3": major == 9,
-        "has_amx": False,
-        "has_flashinfer": True,
-        "device_sm": sm,
-        "device_capability": (major, minor),
-    }
 
 
 def server_kwargs(cell: Cell, model: ModelConfig, model_path: str) -> dict[str, Any]:
@@ -147,7 +126,7 @@ def server_kwargs(cell: Cell, model: ModelConfig, model_path: str) -> dict[str, 
     spec = parse_spec(cell.spec)
     tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
     prefill, plus, decode = cell.backend.partition("+")
-    kwargs: dict[str, Any] = {"model_path": model_path, "device": "cuda"}
+    kwargs: dict[str, Any] = {"model_path": model_path, "device": device_of(cell.arch)}
     if plus:  # "P+D": separate prefill and decode backends, attention_backend left to SGLang
         kwargs.update(prefill_attention_backend=prefill, decode_attention_backend=decode)
     else:
@@ -221,6 +200,11 @@ def _find(step: str, version: str, candidates: tuple[tuple[str, str], ...]) -> A
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
+            library = (getattr(exc, "name", None) or "").split(".", 1)[0]
+            if library in PLATFORM_LIBRARIES:  # SGLang itself needs another platform's library to load here
+                raise UnreachableError(step, f"importing {module_name} needs {exc.name!r} "
+                                             f"({PLATFORM_LIBRARIES[library]}), which does not exist for this host",
+                                       engine=ENGINE, version=version) from exc
             tried.append(f"{module_name}.{attr} ({type(exc).__name__}: {exc})")
             continue
         value = module
@@ -309,16 +293,23 @@ class SGLangEngine:
     #: ``AssertionError`` (``assert`` checks in fa3/triton factories and the CuteDSL prefill check).
     refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError)
 
-    def __init__(self) -> None:
+    def __init__(self, platform: str | None = None) -> None:
         from ...kernels._mode import ensure_triton_mode
         from ..common.import_stubs import install_stubs
 
         # SGLang's modules decorate @triton.jit kernels on import: decide the mode first.
         self._kernel_target = ensure_triton_mode()
         self.version = importlib.metadata.version("sglang")
+        #: The platform this process fakes (``cuda`` unless it is a child for another one: the cells
+        #: of other platforms go to a child each, see ``engines/common/platform_process.py``).
+        self.platform = platform or os.environ.get(PLATFORM_ENV) or "cuda"
+        self._children: dict[str, PlatformProcess] = {}
         self.stubs: list[str] = []
         for root, attrs in STUBS.items():
             self.stubs += install_stubs([root], attrs)
+        self._lifetime = contextlib.ExitStack()
+        if self.platform != "cuda":  # before SGLang's modules load and ask
+            self.stubs += fake_import_platform(self.platform, self._lifetime)
         logging.getLogger("sglang").setLevel(logging.ERROR)
         self._broken: AdapterError | None = None
         self._registered: dict[str, bool] | None = None
@@ -335,13 +326,53 @@ class SGLangEngine:
             self._cli_parser = _cli_parser(self._sg.server_args_cls)
             self._cli_choices = _cli_choices(self._cli_parser)
             self._install_capability()
+            self._arch_probes = ArchProbes()
         except AdapterError as exc:  # every cell reports it, naming the step (never a refusal)
             self._broken = exc
 
     # -- Engine protocol -------------------------------------------------------------
     def configure(self, cell: Cell, model: ModelConfig) -> Configured:
+        platform = platform_of(cell.arch)
+        if platform is not None and platform != self.platform:
+            return self._child(platform).configure(cell, model)
         if self._broken is not None:
             raise self._broken
+        try:
+            return self._configure(cell, model)
+        except (AssertionError, RuntimeError) as exc:
+            if self.platform in ("cuda", "rocm") or not cuda_absent(exc):
+                raise
+            # SGLang asked torch.cuda on a platform without CUDA: that build's torch refuses as this
+            # host's does. The engine's own failure there, never one of its refusals.
+            where = engine_frame(exc.__traceback__, self._sg.package_dir)
+            at = f"{where[0]} ({where[1]})" if where else "SGLang"
+            raise CudaQueryWithoutCuda(f"{at} asks torch.cuda on the {self.platform} platform, which has no CUDA: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+        except ModuleNotFoundError as exc:
+            library = (exc.name or "").split(".", 1)[0]
+            if library not in PLATFORM_LIBRARIES:
+                raise
+            where = engine_frame(exc.__traceback__, self._sg.package_dir)
+            at = f"{where[0]} ({where[1]})" if where else "SGLang"
+            raise UnreachableError("construct", f"{at} imports {exc.name!r} ({PLATFORM_LIBRARIES[library]}), which "
+                                   "does not exist for this host: SGLang's checks after that import did not run",
+                                   engine=ENGINE, version=self.version) from exc
+
+    def _child(self, platform: str) -> PlatformProcess:
+        """This release's adapter built for ``platform``, in its own process (started once)."""
+        if self._broken is not None:
+            raise self._broken
+        child = self._children.get(platform)
+        if child is None:
+            child = self._children[platform] = PlatformProcess(f"{__name__}:SGLangEngine", platform, engine=ENGINE,
+                                                               version=self.version)
+        return child
+
+    def known_archs(self) -> tuple[str, ...]:
+        """The arch values this release has a platform for (read from its sources)."""
+        return known_archs()
+
+    def _configure(self, cell: Cell, model: ModelConfig) -> Configured:
         with self.cell_context(cell):
             resolution = self._resolve(cell, model)
             try:
@@ -364,6 +395,9 @@ class SGLangEngine:
     def kernel_for(self, cell: Cell, model: ModelConfig, resolution: Resolution) -> tuple[Any, str | None]:
         """The decode kernel to check for an accepted cell (``KernelSpec`` or None, and why not)."""
         from .checks import kernel_from
+
+        if self.platform != "cuda":
+            return None, other_platform_reason(resolution.decode_backend, cell.arch, self.platform)
 
         facts = types.SimpleNamespace(kv_cache_dtype=resolution.kv_cache_dtype, model_config=resolution.model_config,
                                       decode_attention_backend_str=resolution.decode_backend,
@@ -389,8 +423,9 @@ class SGLangEngine:
         """Every name in SGLang's attention-backend registry, mapped to whether it can serve MLA models.
 
         Decided by SGLang's own code: each registered factory is called, as the
-        model runner calls it, for DeepSeek-V3 (an MLA model) on sm80, sm90
-        and sm100, its constructor running to its first GPU step. A backend is
+        model runner calls it, for DeepSeek-V3 (an MLA model) and DeepSeek-V3.2
+        (sparse MLA) on sm80, sm90 and sm100, its constructor running to its
+        first GPU step. A backend is
         MLA-capable when on at least one arch the factory and constructor do
         not refuse the MLA model with a ``ValueError``/``AssertionError``
         (e.g. ``trtllm_mha``: "can only be used with non-MLA models" on every
@@ -451,16 +486,21 @@ class SGLangEngine:
 
     @contextlib.contextmanager
     def cell_context(self, cell: Cell) -> Iterator[dict[str, Any]]:
-        """The cell's arch for everything SGLang asks while inside (platform facts, device capability)."""
+        """The cell's arch for everything SGLang asks while inside (platform facts, device capability).
+
+        ``torch.cuda.get_device_capability`` answers on a CUDA or HIP device only: on the CPU,
+        XPU and NPU platforms it is this host's torch, which has no CUDA, as theirs has none.
+        """
         import torch
 
         facts = self.facts(cell.arch)
-        capability = platform_facts(cell.arch)["device_capability"]
+        capability = capability_of(cell.arch)
         torch_capability = torch.cuda.get_device_capability
         self._rebind_capability()
-        with _quiet.quiet(), self._sg.rc.override_platform(**facts):
+        with _quiet.quiet(), self._sg.rc.override_platform(**facts), self._arch_probes.on(cell.arch):
             self._capability = capability
-            torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
+            if capability[0] is not None:
+                torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
             try:
                 yield facts
             finally:
@@ -654,7 +694,7 @@ class SGLangEngine:
     @contextlib.contextmanager
     def _constructing(self, phase: str) -> Iterator["_ConstructionLog"]:
         """Constructors run to their first GPU step; kernel libraries not installed here are stubs."""
-        log = _ConstructionLog(phase, self._sg.package_dir, self.refusal_errors)
+        log = _ConstructionLog(phase, self._sg.package_dir, self.refusal_errors, self.version)
         with kernel_library_stubs(missing_libraries(STUBBED_KERNEL_LIBRARIES)) as made:
             self._import_backend_modules()
             self._rebind_capability()
@@ -709,29 +749,67 @@ class SGLangEngine:
         """Whether SGLang's factory ``name`` (and its constructor's checks) accept an MLA model on some arch."""
         from ...core.models import BUILTIN_MODELS
 
-        model = BUILTIN_MODELS[MLA_PROBE_MODEL]
-        for arch in ("sm80", "sm90", "sm100"):
-            cell = Cell(model=MLA_PROBE_MODEL, backend="triton", dcp=1, spec="none", arch=arch)
-            with self.cell_context(cell):
-                resolution = self._resolve(cell, model)
-                runner = resolution.runner
-                runner.prefill_attention_backend_str = runner.decode_attention_backend_str = name
-                try:
-                    with self._constructing("registry") as log:
-                        log.run(lambda: self._sg.backends[name](runner), "registry")
-                except self.refusal_errors:
-                    continue
-                except Exception:  # noqa: BLE001 - it failed for another reason: it did not refuse the model
+        for model_name in MLA_PROBE_MODELS:
+            model = BUILTIN_MODELS[model_name]
+            for arch in ("sm80", "sm90", "sm100"):
+                cell = Cell(model=model_name, backend="triton", dcp=1, spec="none", arch=arch)
+                with self.cell_context(cell):
+                    resolution = self._resolve(cell, model)
+                    runner = resolution.runner
+                    runner.prefill_attention_backend_str = runner.decode_attention_backend_str = name
+                    try:
+                        with self._constructing("registry") as log:
+                            log.run(lambda: self._sg.backends[name](runner), "registry")
+                    except self.refusal_errors:
+                        continue
+                    except Exception:  # noqa: BLE001 - it failed for another reason: it did not refuse the model
+                        return True
                     return True
-                return True
         return False
+
+
+class CudaQueryWithoutCuda(RuntimeError):
+    """SGLang asked ``torch.cuda`` for a device on a platform without CUDA (CPU, XPU, NPU): a crash of the engine
+    there (the real platform's torch answers the same), never a refusal."""
+
+
+#: SGLang backends of other platforms and the op or kernel callable each decodes with.
+PLATFORM_DECODERS = {
+    "intel_amx": "torch.ops.sgl_kernel.decode_attention_cpu",
+    "aiter": "aiter.mla.mla_decode_fwd",
+    "intel_xpu": "sgl_kernel's XPU flash_attn_with_kvcache",
+    "ascend": "torch_npu's fused attention ops",
+    "wave": "wave_lang's decode kernel",
+}
+
+
+def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
+    """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
+    if decode_backend == "intel_amx":
+        import torch
+
+        if not hasattr(torch.ops, "sgl_kernel") or not hasattr(torch.ops.sgl_kernel, "decode_attention_cpu"):
+            return ("SGLang's intel_amx decodes with torch.ops.sgl_kernel.decode_attention_cpu, which this host "
+                    "does not have (sgl_kernel's CPU build is not installed)")
+    if decode_backend == "aiter":
+        return "SGLang's aiter decodes with aiter.mla.mla_decode_fwd, which has no emulation yet"
+    if decode_backend == "torch_native" and platform == "cpu":
+        return ("SGLang's torch_native decodes with torch.nn.functional.scaled_dot_product_attention "
+                "(TorchNativeAttnBackend._run_sdpa_forward_decode), which this host has; its engine check "
+                "on the CPU platform is not written yet")
+    if decode_backend in PLATFORM_DECODERS:
+        return f"SGLang's {decode_backend} decodes with {PLATFORM_DECODERS[decode_backend]}, which this host lacks"
+    return (f"SGLang's {decode_backend} on the {platform} platform ({arch}): the engine checks run in the CUDA "
+            "process on SGLang's triton backend only")
 
 
 class _ConstructionLog:
     """Wraps backend constructors for one phase and records where each stopped and what it built."""
 
-    def __init__(self, phase: str, package_dir: str, refusal_errors: tuple[type[BaseException], ...]) -> None:
+    def __init__(self, phase: str, package_dir: str, refusal_errors: tuple[type[BaseException], ...],
+                 version: str = "") -> None:
         self.phase = phase
+        self.version = version
         self.package_dir = package_dir
         self.refusal_errors = refusal_errors
         self.stops: list[Stop] = []
@@ -744,6 +822,19 @@ class _ConstructionLog:
         step = exc.what if isinstance(exc, GpuStep) else f"{type(exc).__name__}: {exc}"
         return Stop(self.phase, unit or (where[0] if where else "?"), step, where[1] if where else "?")
 
+    def checked_stop(self, stop: Stop, exc: BaseException) -> Stop:
+        """A stop in module-level code (a backend's module loading) is no stop: nothing of the backend ran.
+
+        The module uses a kernel library this host lacks while it loads, so the
+        backend's class never exists here: ``UnreachableError``.
+        """
+        if stop.unit == "<module>":
+            raise UnreachableError("construct", f"importing SGLang's module {stop.where.split(':')[0]} stops at "
+                                   f"{stop.step} ({stop.where}): it uses a kernel library this host lacks while it "
+                                   "loads, so the backend it defines cannot be built here", engine=ENGINE,
+                                   version=self.version) from exc
+        return stop
+
     def is_gpu_stop(self, exc: BaseException) -> bool:
         """A GPU step, the host saying CUDA is absent (never a refusal), or a kernel library missing."""
         if isinstance(exc, GpuStep):
@@ -752,6 +843,8 @@ class _ConstructionLog:
             return True
         if isinstance(exc, ModuleNotFoundError):
             return (exc.name or "").split(".", 1)[0] in KERNEL_LIBRARIES
+        if isinstance(exc, TypeError) and "_KernelName" in str(exc):
+            return True  # a name of a kernel library that is not installed here, used as a value
         return False
 
     def run(self, fn: Callable[[], Any], unit: str) -> Any:
@@ -763,7 +856,7 @@ class _ConstructionLog:
         except BaseException as exc:
             if not self.is_gpu_stop(exc):
                 raise
-            self.stops.append(self.stop_of(None, exc))
+            self.stops.append(self.checked_stop(self.stop_of(None, exc), exc))
             return None
         finally:
             self._units.pop()
@@ -828,7 +921,7 @@ class _ConstructionLog:
             except BaseException as exc:
                 if not log.is_gpu_stop(exc):
                     raise
-                stop = log.stop_of(f"{cls.__qualname__}.__init__", exc)
+                stop = log.checked_stop(log.stop_of(f"{cls.__qualname__}.__init__", exc), exc)
                 log.stops.append(stop)
                 with contextlib.suppress(AttributeError, TypeError):
                     self.__dict__.setdefault("_mla_gpu_step", stop)

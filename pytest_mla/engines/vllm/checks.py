@@ -722,6 +722,16 @@ def backend_name(path: str) -> str:
     return getattr(importlib.import_module(module), qualname).get_name()
 
 
+#: vLLM's CPU MLA backends and the op each decodes with (registered by a CPU build of vllm._C).
+CPU_OPS = {"CPU_MLA": "mla_decode_kvcache", "AMX_MLA": "decode_attention_cpu"}
+#: vLLM's ROCm MLA backends and the kernel callable each decodes with (no emulation of it yet).
+ROCM_KERNELS = {
+    "ROCM_AITER_MLA": "aiter.mla.mla_decode_fwd",
+    "ROCM_AITER_TRITON_MLA": "aiter.mla.mla_decode_fwd",
+    "ROCM_AITER_MLA_SPARSE": "ROCMAiterMLASparseImpl._forward_mla_aiter (aiter's sparse MLA decode)",
+}
+
+
 def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
                startup: Any = None) -> tuple[Any, str | None]:
     """``(KernelSpec, None)`` when vLLM's own backend for this cell can run here, else ``(None, why)``.
@@ -730,10 +740,14 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
     constructed for the cell: its reorder threshold decides whether the
     cell's query rows take the decode path or the MLA prefill path.
     """
+    from ...core.cells import platform_of
     from ...kernels._mode import ensure_triton_mode
     from .kernel_source import DECODE_FUNCTIONS
 
     name = backend_name(path)
+    platform = platform_of(cell.arch)
+    if platform != "cuda":
+        return None, other_platform_reason(name, cell.arch, platform)
     where = ensure_triton_mode()
     if name in ATTN_FUNCTIONS and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup), None
@@ -758,6 +772,20 @@ def _path_of(cell: Any, startup: Any) -> str:
     if startup is None or s_q == 1:
         return "decode"
     return "prefill" if s_q > startup.builder.reorder_batch_threshold else "decode"
+def other_platform_reason(name: str, arch: str, platform: str | None) -> str:
+    """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
+    if name in CPU_OPS:
+        import torch
+
+        op = CPU_OPS[name]
+        if not hasattr(torch.ops._C, op):
+            return (f"vLLM's {name} decodes with torch.ops._C.{op}, which this host does not have "
+                    "(the installed vllm._C is not a CPU build)")
+        return f"vLLM's {name} decodes with torch.ops._C.{op}; its engine check is not written yet"
+    if name in ROCM_KERNELS:
+        return f"vLLM's {name} decodes with {ROCM_KERNELS[name]}, which has no emulation yet"
+    return (f"vLLM's {name} on the {platform} platform ({arch}): the engine checks drive vLLM's CUDA-platform "
+            "layers only")
 
 
 def _spec_tokens(cell: Any) -> tuple[int, str | None]:

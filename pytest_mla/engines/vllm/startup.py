@@ -87,18 +87,23 @@ import importlib.metadata
 import importlib.util
 import inspect
 import logging
+import os
+import sys
 import types
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ...core.cells import Cell, arch_number
-from ...core.errors import AdapterError
+from ...core.cells import Cell, platform_of
+from ...core.errors import AdapterError, UnreachableError
 from ...core.models import ModelConfig
 from ...core.spec import parse_spec
 from ..common import quiet as _quiet
+from ..common.gpu_steps import GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from . import checks as vllm_backend
 from ..protocol import Configured
+from ..common.platform_process import PLATFORM_ENV, PlatformProcess
+from .platforms import PLATFORM_CLASSES, PLATFORM_LIBRARIES, PLATFORM_LIBRARY_STUBS, FakePlatforms, known_archs
 
 if importlib.util.find_spec("vllm") is None:  # the registry turns this into "unavailable"
     raise ImportError("vllm is not installed in this environment", name="vllm")
@@ -114,13 +119,27 @@ COMPILED_STUBS = (
     "vllm._flashmla_extension_C",
     "vllm.vllm_flash_attn._vllm_fa2_C",
     "vllm.vllm_flash_attn._vllm_fa3_C",
+    "vllm.vllm_flash_attn.cute",  # FA4's cute-DSL entry point (FLASH_ATTN_MLA_SPARSE_FA4 imports it to check)
     "flashinfer",
     "tokenspeed_mla",
 )
+#: Feature probes of compiled libraries the sparse MLA backends ask (``module:function`` → the answer
+#: of a CUDA host with everything compiled), answered while a cell starts, in every vLLM module that
+#: imported them by name: DeepGEMM (the DeepSeek-V3.2 indexer's kernels), FlashInfer >= 0.6.18's
+#: SM90 NoPE MLA (``ckv_scale_arr``) and its SM120 sparse MLA.
+CUDA_FEATURE_ANSWERS = (
+    ("vllm.utils.import_utils", "has_deep_gemm", True),
+    ("vllm.utils.flashinfer", "has_flashinfer_sm90_nope_mla", True),
+    ("vllm.utils.flashinfer", "has_flashinfer_sparse_mla_sm120", True),
+)
+#: Ops of compiled extensions whose presence vLLM checks with ``hasattr(torch.ops.NS, op)``
+#: (FlashMLA's mega-attention ops, DeepSeek-V4.1): registered (schemas only, never called).
+CUDA_COMPILED_OPS = {
+    "_flashmla_C": ("fused_norm_rope_attn_rope_cast_decode(Tensor x) -> Tensor",
+                    "permute_q_b_proj(Tensor x) -> Tensor"),
+}
 #: Backend value meaning "no backend forced": the platform walks its priority list.
 AUTO = "auto"
-#: GPUs the faked node has (``ParallelConfig`` refuses a world size above it).
-GPUS_PER_NODE = 8
 #: Backend modules with import-time CUDA allocations (redirected to ``meta``).
 CUDA_AT_IMPORT = ("vllm.v1.attention.backends.mla.cutlass_mla",)
 #: Compiled-op questions vLLM asks when some modules load (``w8a8_utils``, imported by the model
@@ -131,11 +150,10 @@ QUERIES_AT_IMPORT = (
     ("vllm._custom_ops", "cutlass_scaled_mm_supports_block_fp8", False),
     ("vllm._custom_ops", "cutlass_scaled_mm_supports_fp8", False),
 )
-#: The capability the faked platform answers while vLLM's modules load (before any cell). A
-#: module that branches on it when it loads decides nothing per cell; 0.33's Mamba kernels
-#: (imported by the model runner's utilities) filter Triton configs for SM90 at import, which
-#: fails without a Triton GPU backend, so the imports see SM80.
-IMPORT_CAPABILITY = (8, 0)
+#: The faked CUDA platform answers SM80 while vLLM's modules load (before any cell; see
+#: ``platforms.FakePlatforms``). A module that branches on it when it loads decides nothing per
+#: cell; 0.33's Mamba kernels (imported by the model runner's utilities) filter Triton configs
+#: for SM90 at import, which fails without a Triton GPU backend, so the imports see SM80.
 #: Modules whose cached functions answer per configuration, not per device (cleared per cell).
 CACHED_BY_CONFIG = (
     "vllm.v1.attention.selector",
@@ -177,6 +195,13 @@ GPU_STEPS = {
     "vllm.v1.attention.backends.flashinfer:_get_multi_ctas_kv_counter_buffer":
         "FlashInfer's trtllm-gen multi-CTA counter buffer (CUDA) not allocated",
 }
+#: Packages whose modules are all imported at setup, on the import-time CUDA platform (see
+#: ``platforms.FakePlatforms.preload``): the attention backends, their ops and the layers.
+PRELOADED_PACKAGES = ("vllm.v1.attention", "vllm.model_executor.layers.attention")
+#: Config sections (``VllmConfig`` field, ``vllm.config`` class) the stand-in carries at their
+#: defaults, for the platforms' own config passes (``check_and_update_config``).
+DEFAULT_SECTIONS = (("device_config", "DeviceConfig"), ("profiler_config", "ProfilerConfig"),
+                    ("offload_config", "OffloadConfig"))
 #: ``_ModelInfo`` fields the start-up reads, as the registry answers them for decoder-only text
 #: transformers (DeepSeek-V2/V3, Kimi-K2, Llama, Qwen2): see ``VLLMEngine._model_info``.
 MODEL_INFO = {"is_hybrid": False}
@@ -221,11 +246,21 @@ class VLLMEngine:
     #: asserts (KV dtypes, DCP LSE, impl requirements) and ``NotImplementedError`` (impls).
     refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError, NotImplementedError)
 
-    def __init__(self) -> None:
+    def __init__(self, platform: str | None = None) -> None:
         try:
             self.version = importlib.metadata.version("vllm")
         except importlib.metadata.PackageNotFoundError:
             self.version = "unknown"
+        #: The platform this process fakes (``cuda`` unless it is a child for another one: the cells
+        #: of other platforms go to a child each, see ``engines/common/platform_process.py``).
+        self.platform = platform or os.environ.get(PLATFORM_ENV) or "cuda"
+        self._children: dict[str, PlatformProcess] = {}
+        self._lifetime = contextlib.ExitStack()
+        if self.platform == "rocm" and "HIP_VISIBLE_DEVICES" not in os.environ:
+            # vllm.triton_utils keeps Triton without an active GPU driver only when the platform's
+            # visible-devices variable is set and empty (HIP_VISIBLE_DEVICES on ROCm); see
+            # checks.prepare_environment for CUDA_VISIBLE_DEVICES.
+            os.environ["HIP_VISIBLE_DEVICES"] = ""
         self.stubs: list[str] = []
         self._setup_error: AdapterError | None = None
         vllm_backend.prepare_environment()  # before vLLM is imported: keeps its Triton kernels on a CPU host
@@ -263,18 +298,75 @@ class VLLMEngine:
 
         import torch
 
-        # Without CUDA the compiled extensions cannot load against this torch: stub them all. With
-        # CUDA, those that load are left real (the kernel checks call them: level "backend").
-        self.stubs = install_stubs(IMPORT_STUBS + COMPILED_STUBS, force=not torch.cuda.is_available())
+        # A ROCm, CPU or XPU process answers "not compiled" for CUDA's compiled kernels, as that
+        # build of vLLM would. In the CUDA process, without CUDA the compiled extensions cannot load
+        # against this torch: stub them all; with CUDA, those that load are left real (the kernel
+        # checks call them: level "backend").
+        if self.platform == "cuda":
+            self.stubs = install_stubs(IMPORT_STUBS + COMPILED_STUBS, force=not torch.cuda.is_available())
+        else:
+            self.stubs = install_stubs(IMPORT_STUBS, force=True)
+        libraries = missing_libraries(PLATFORM_LIBRARY_STUBS.get(self.platform, ()))
+        if libraries:  # for the life of this process (a child for that platform)
+            self._lifetime.enter_context(kernel_library_stubs(libraries))
+            self.stubs += libraries
         logging.getLogger("vllm").setLevel(logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._setup_platform()
             with _cuda_allocations_on_meta():
-                for module in CUDA_AT_IMPORT:
+                for module in CUDA_AT_IMPORT if self.platform == "cuda" else ():
                     self._find("import", "CUTLASS MLA backend module", (module,))
             with self._import_time_answers():
                 self._setup_imports()
+                self._op_libraries: list[Any] = []
+                if self.platform == "cuda":
+                    self._register_compiled_ops()
+                with _cuda_allocations_on_meta():
+                    self._preload_failures = self._platforms.preload(PRELOADED_PACKAGES)
+
+    @contextlib.contextmanager
+    def _feature_answers(self) -> Iterator[None]:
+        """``CUDA_FEATURE_ANSWERS`` for the duration, wherever vLLM bound those functions (CUDA process only)."""
+        if self.platform != "cuda":
+            yield
+            return
+        saved = []
+        for module, key, real, answer in self._feature_bindings():
+            saved.append((module, key, real))
+            setattr(module, key, functools.partial(_answer, answer))
+        try:
+            yield
+        finally:
+            for module, key, value in saved:
+                setattr(module, key, value)
+
+    def _feature_bindings(self) -> list[tuple[Any, str, Any, Any]]:
+        """``(module, name, function, answer)`` for every vLLM module bound to a ``CUDA_FEATURE_ANSWERS`` function
+        (found again only when modules were imported since)."""
+        if getattr(self, "_bindings_at", None) == len(sys.modules):
+            return self._bindings
+        bindings = []
+        for module_name, name, answer in CUDA_FEATURE_ANSWERS:
+            real = getattr(sys.modules.get(module_name), name, None)
+            if real is None:  # this release does not ask it
+                continue
+            for module in [m for n, m in list(sys.modules.items()) if m is not None and n.startswith("vllm")]:
+                for key, value in list(vars(module).items()):
+                    if value is real:
+                        bindings.append((module, key, real, answer))
+        self._bindings, self._bindings_at = bindings, len(sys.modules)
+        return bindings
+
+    def _register_compiled_ops(self) -> None:
+        """``CUDA_COMPILED_OPS`` become ops torch knows (schemas only), as a full build registers them."""
+        for namespace, schemas in CUDA_COMPILED_OPS.items():
+            missing = [sch for sch in schemas if not hasattr(getattr(self._torch.ops, namespace), sch.split("(", 1)[0])]
+            if missing:
+                library = self._torch.library.Library(namespace, "FRAGMENT")
+                self._op_libraries.append(library)  # kept alive: dropping it unregisters the schemas
+                for schema in missing:
+                    library.define(schema)
 
     @contextlib.contextmanager
     def _import_time_answers(self) -> Iterator[None]:
@@ -286,37 +378,11 @@ class VLLMEngine:
 
     def _setup_platform(self) -> None:
         platforms = self._find("platform", "vllm.platforms", ("vllm.platforms",))
-        base = self._find("platform", "vLLM's CUDA platform class",
-                          ("vllm.platforms.cuda:NonNvmlCudaPlatform", "vllm.platforms.cuda:CudaPlatform"))
         capability = self._find("platform", "DeviceCapability", ("vllm.platforms.interface:DeviceCapability",))
-        for method in ("get_device_capability", "get_attn_backend_cls", "device_count"):
-            if not hasattr(base, method):
-                raise self._fail("platform", f"{base.__qualname__} has no {method}()")
-
-        class FakeCudaPlatform(base):  # type: ignore[misc, valid-type]
-            """vLLM's CUDA platform answering the cell's arch (set per cell)."""
-
-            capability_now = capability(*IMPORT_CAPABILITY)
-
-            @classmethod
-            def get_device_capability(cls, device_id: int = 0) -> Any:
-                return cls.capability_now
-
-            @classmethod
-            def num_compute_units(cls, device_id: int = 0) -> int:
-                return 132  # read by CUTLASS MLA's import-time workspace sizing only
-
-            @classmethod
-            def get_device_name(cls, device_id: int = 0) -> str:
-                return f"fake sm{cls.capability_now.major}{cls.capability_now.minor}"
-
-            @classmethod
-            def device_count(cls) -> int:
-                return GPUS_PER_NODE  # ParallelConfig's "world size > GPUs in this node" check
-
-        platforms.current_platform = FakeCudaPlatform()  # before anything binds it
-        self._platform = platforms.current_platform
-        self._platform_cls = FakeCudaPlatform
+        # before anything binds current_platform:
+        self._platforms = FakePlatforms(platforms, capability, self._fail, self._find, self.platform)
+        self._platform = self._platforms.instance
+        self._platform_cls = self._platforms.cls
         self._capability = capability
 
     def _setup_imports(self) -> None:
@@ -324,12 +390,18 @@ class VLLMEngine:
         import torch
 
         self._torch = torch
+        self._package_dir = os.path.dirname(os.path.abspath(self._find("import", "vllm", ("vllm",)).__file__))
         config = "vllm.config"
         self._config_classes = {
             name: find("import", f"vllm.config.{name}", (f"{config}:{name}",))
             for name in ("ModelConfig", "ParallelConfig", "CacheConfig", "AttentionConfig", "SchedulerConfig",
                          "CompilationConfig", "KernelConfig", "SpeculativeConfig", "VllmConfig")
         }
+        # Sections the platforms' own config passes read (CPU: profiler, device; XPU/CUDA: offload);
+        # defaults, as for a server started without those flags. A release without one leaves it unset.
+        config_module = importlib.import_module(config)
+        self._default_sections = {section: getattr(config_module, cls_name) for section, cls_name in DEFAULT_SECTIONS
+                                  if hasattr(config_module, cls_name)}
         self._set_config = find("import", "set_current_vllm_config", (f"{config}:set_current_vllm_config",))
         self._enum = find("import", "the attention backend enum",
                           ("vllm.v1.attention.backends.registry:AttentionBackendEnum",
@@ -361,6 +433,9 @@ class VLLMEngine:
                                      ("vllm.v1.worker.gpu.spec_decode:init_speculator",))
         self._get_hf_config = find("import", "vLLM's Hugging Face config loader",
                                    ("vllm.transformers_utils.config:get_config",))
+        workspace = importlib.util.find_spec("vllm.v1.worker.workspace")
+        self._init_workspace = getattr(importlib.import_module("vllm.v1.worker.workspace"), "init_workspace_manager",
+                                       None) if workspace is not None else None
         self._parallel_state = find("import", "vllm.distributed.parallel_state",
                                     ("vllm.distributed.parallel_state",))
         if not hasattr(self._parallel_state, "_DCP"):
@@ -439,8 +514,23 @@ class VLLMEngine:
 
     # -- per cell ---------------------------------------------------------------------------
     def configure(self, cell: Cell, model: ModelConfig) -> Configured:
+        platform = platform_of(cell.arch)
+        if platform != self.platform and platform is not None:
+            return self._child(platform).configure(cell, model)
         startup = self.startup(cell, model)
         return self._configured(cell, model, startup)
+
+    def _child(self, platform: str) -> PlatformProcess:
+        """The adapter of this release built for ``platform``, in its own process (started once)."""
+        if self._setup_error is not None:
+            raise self._setup_error
+        if platform not in known_platforms():
+            raise self._fail("platform", f"vLLM {self.version} has no platform class for {platform!r}")
+        child = self._children.get(platform)
+        if child is None:
+            child = self._children[platform] = PlatformProcess(f"{__name__}:VLLMEngine", platform, engine="vllm",
+                                                               version=self.version)
+        return child
 
     def _configured(self, cell: Cell, model: ModelConfig, startup: Startup) -> Configured:
         """The accepted cell's record, with the check of vLLM's own backend (``engines/vllm/checks.py``)."""
@@ -456,14 +546,14 @@ class VLLMEngine:
         """vLLM's start-up for the cell, in its order; raises the engine's own error to refuse."""
         if self._setup_error is not None:
             raise self._setup_error
-        sm = arch_number(cell.arch)
-        if sm is None:
-            raise self._fail("arch", f"only NVIDIA archs (smNN) can be faked, got {cell.arch!r}")
         spec = parse_spec(cell.spec)
         if spec.enabled and spec.topk > 1:
             raise self._fail("spec", f"{cell.spec!r}: vLLM's SpeculativeConfig has no draft tree (topk); "
                                      "only chains (eagle-1xK, mtp-K) can be configured")
-        self._platform_cls.capability_now = self._capability(*divmod(sm, 10))
+        with self._platforms.on(cell.arch), _environ_restored():
+            return self._startup(cell, model, spec)
+
+    def _startup(self, cell: Cell, model: ModelConfig, spec: Any) -> Startup:
         tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
         with _quiet.quiet(), self._stand_ins_report("config"):
             parallel = self._parallel_config(tp, cell.dcp)
@@ -472,17 +562,26 @@ class VLLMEngine:
                                             num_speculative_tokens=spec.steps if spec.enabled else None,
                                             method=SPEC_METHODS[spec.algorithm] if spec.enabled else None)
         reached: list[str] = []
-        with _quiet.quiet(), self._dcp_group(cell.dcp), self._gpu_steps_recorded(reached), \
-                self._import_time_answers(), _host_facts(), self._set_config(vllm_config):
+        with _quiet.quiet(), self._dcp_group(cell.dcp), self._tp_group(tp), self._gpu_steps_recorded(reached), \
+                self._import_time_answers(), _host_facts(), self._feature_answers(), _device_answers(), \
+                self._set_config(vllm_config):
             # 1. VllmConfig.__post_init__, before any layer (or backend) exists.
             with self._stand_ins_report("config layer"):
                 model_config.verify_with_parallel_config(parallel)
+                self._platform_step("apply_config_platform_defaults", vllm_config)
                 for step in self._post_init_steps:  # later in VllmConfig.__post_init__, in this order
+                    if step.startswith("_validate"):  # the platform's own pass comes just before
+                        self._platform_step("check_and_update_config", vllm_config)
                     if step != "_set_cudagraph_sizes" or self._platform.support_static_graph_mode():
                         getattr(vllm_config, step)()
-            # 2. Worker.init_device: the model dtype on this GPU.
+            # 2. Worker.init_device: the model dtype on this GPU (the GPU and XPU workers; the CPU
+            #    worker's init_device has no such check).
             with self._stand_ins_report("worker"):
-                self._platform.check_if_supports_dtype(model_config.dtype)
+                if not self._platform.is_cpu():
+                    self._platform.check_if_supports_dtype(model_config.dtype)
+                    #  then its workspace manager (reservations on `meta`: shapes only); the CPU worker has none.
+                    if self._init_workspace is not None:
+                        self._init_workspace(self._torch.device(BUILDER_DEVICE), 1)
             #    GPUModelRunner.__init__: the speculator of the configured method.
             if spec.enabled:
                 with self._stand_ins_report("speculator"):
@@ -506,6 +605,14 @@ class VLLMEngine:
                 startup = self._initialize_kv_cache(vllm_config, layer, draft_layer, spec.steps if spec.enabled else 0)
         startup.notes = (*startup.notes, *dict.fromkeys(reached))
         return startup
+
+    def _platform_step(self, name: str, vllm_config: Any) -> None:
+        """``current_platform.<name>(vllm_config)`` where this release has it (``VllmConfig.__post_init__``
+        calls both: the platform's defaults after the parallel check, its own config pass before the model
+        runner's feature check). The CPU platform forces an MLA model's block size there, for one."""
+        method = getattr(self._platform, name, None)
+        if method is not None:
+            method(vllm_config)
 
     def _initialize_kv_cache(self, vllm_config: Any, layer: Any, draft_layer: Any, num_spec: int) -> Startup:
         kv_cache_spec = self._get_kv_cache_spec(vllm_config)
@@ -565,17 +672,45 @@ class VLLMEngine:
         if model_config.use_mla:
             kv_b_proj = self._torch.nn.Linear(1, 1, bias=False)  # read for its device only
             qk_head_dim = hf.qk_nope_head_dim + hf.qk_rope_head_dim
+            sparse = self._sparse_parts(hf, vllm_config, prefix) if getattr(hf, "index_topk", None) else {}
             return self._mla_layer(
                 num_heads=hf.num_attention_heads // tp, scale=qk_head_dim ** -0.5,
                 qk_nope_head_dim=hf.qk_nope_head_dim, qk_rope_head_dim=hf.qk_rope_head_dim,
                 v_head_dim=hf.v_head_dim, q_lora_rank=getattr(hf, "q_lora_rank", None),
                 kv_lora_rank=hf.kv_lora_rank, kv_b_proj=kv_b_proj, cache_config=cache_config,
-                quant_config=None, prefix=prefix)
+                quant_config=None, prefix=prefix, **sparse)
         head_size = model_config.get_head_size()
         return self._attention_layer(
             num_heads=hf.num_attention_heads // tp, head_size=head_size, scale=head_size ** -0.5,
             num_kv_heads=max(1, model_config.get_total_num_kv_heads() // tp), cache_config=cache_config,
             quant_config=None, prefix=prefix)
+
+    def _sparse_parts(self, hf: Any, vllm_config: Any, prefix: str) -> dict[str, Any]:
+        """What DeepSeek-V3.2's attention hands its ``MLAAttention`` (``deepseek_v2.DeepseekV2MLAAttention``).
+
+        A sparse (DSA) model's layer gets ``use_sparse=True``, the lightning
+        indexer (vLLM's ``Indexer``, built as the model builds it, with its own
+        KV-cache layer ``DeepseekV32IndexerCache``), the model's top-k index
+        buffer (``max_num_batched_tokens x index_topk``, on ``meta``: a shape)
+        and the index-group builder over it.
+        """
+        model = self._find("attention layer", "vLLM's DeepSeek-V2/V3.2 model code",
+                           ("vllm.model_executor.models.deepseek_v2",))
+        indexer_cls = getattr(model, "Indexer", None)
+        if indexer_cls is None:
+            raise self._fail("attention layer", "vllm.model_executor.models.deepseek_v2 has no Indexer")
+        torch = self._torch
+        with torch.device(BUILDER_DEVICE):  # weights and buffers as shapes
+            buffer = torch.empty(vllm_config.scheduler_config.max_num_batched_tokens, hf.index_topk,
+                                 dtype=torch.int32)
+            indexer = indexer_cls(vllm_config, hf, hf.hidden_size, hf.q_lora_rank, None, vllm_config.cache_config,
+                                  buffer, prefix.rsplit(".", 1)[0] + ".indexer")
+        parts: dict[str, Any] = dict(use_sparse=True, indexer=indexer, topk_indices_buffer=buffer)
+        builder_cls = getattr(model, "SparseMLAIndexGroupBuilder", None)
+        max_rows = getattr(model, "get_sparse_mla_index_group_max_rows", None)
+        if builder_cls is not None and max_rows is not None:
+            parts["index_group_builder"] = builder_cls(buffer, max_rows(vllm_config))
+        return parts
 
     # -- stand-ins --------------------------------------------------------------------------
     def _vllm_config(self, cell: Cell, model_config: Any, parallel: Any, *,
@@ -589,17 +724,30 @@ class VLLMEngine:
             model_config=model_config,
             parallel_config=parallel,
             cache_config=c["CacheConfig"](block_size=cell.page_size, cache_dtype=cell.kv_dtype or "auto"),
-            attention_config=c["AttentionConfig"](backend=backend),
+            attention_config=self._attention_config(backend, model_config),
             scheduler_config=c["SchedulerConfig"](max_model_len=model_config.max_model_len,
                                                   is_encoder_decoder=False),
             compilation_config=compilation,
             kernel_config=c["KernelConfig"](),
             speculative_config=None,
+            **{section: cls() for section, cls in self._default_sections.items()},
         )
         if num_speculative_tokens is not None:
             sections["speculative_config"] = self._speculative_config(
                 model_config, parallel, num_speculative_tokens, method)
         return self._config_view_cls(**sections)
+
+    def _attention_config(self, backend: Any, model_config: Any) -> Any:
+        """``AttentionConfig(backend=B)``, with what ``VllmConfig.__post_init__`` resolves in it.
+
+        ``sparse_mla_prefill_workspace_factor`` (0.34): unset, it becomes 5 for a
+        ``max_model_len`` up to 256 Ki tokens, else 2 (vllm/config/vllm.py); the
+        sparse indexer sizes its prefill buffer by it.
+        """
+        config = self._config_classes["AttentionConfig"](backend=backend)
+        if getattr(config, "sparse_mla_prefill_workspace_factor", 0) is None:
+            config.sparse_mla_prefill_workspace_factor = 5 if model_config.max_model_len <= 256 * 1024 else 2
+        return config
 
     def _speculative_config(self, model_config: Any, parallel: Any, num_speculative_tokens: int,
                             method: str | None) -> Any:
@@ -684,11 +832,38 @@ class VLLMEngine:
 
     @contextlib.contextmanager
     def _stand_ins_report(self, step: str) -> Iterator[None]:
-        """vLLM reading something the stand-ins lack is the adapter's failure, not a refusal."""
+        """vLLM reading something the stand-ins lack is the adapter's failure, not a refusal.
+
+        vLLM importing a library that exists only for another platform
+        (``PLATFORM_LIBRARIES``: AMD's ``aiter``, ...) ends the start-up there:
+        ``UnreachableError`` naming the import and the vLLM code that made it.
+        """
         try:
             yield
         except _StandInMissing as exc:
             raise self._fail(step, str(exc)) from exc
+        except ModuleNotFoundError as exc:
+            library = (exc.name or "").split(".", 1)[0]
+            if library not in PLATFORM_LIBRARIES:
+                raise
+            raise self._unreachable(step, exc, f"imports {exc.name!r}", library) from exc
+        except (AssertionError, RuntimeError) as exc:
+            if not cuda_absent(exc):
+                raise
+            # the host's torch saying it has no GPU: a device query the adapter does not answer, never a refusal
+            raise self._fail(step, f"vLLM asked this host's torch for a GPU: {type(exc).__name__}: {exc}") from exc
+        except GpuStep as exc:  # a name of a stubbed platform library was used
+            library = exc.what.split("(", 1)[0].split(".", 1)[0]
+            if library not in PLATFORM_LIBRARIES:
+                raise self._fail(step, f"a GPU step escaped: {exc.what}") from exc
+            raise self._unreachable(step, exc, f"uses {exc.what.split(' (kernel library', 1)[0]}", library) from exc
+
+    def _unreachable(self, step: str, exc: BaseException, what: str, library: str) -> UnreachableError:
+        where = engine_frame(exc.__traceback__, self._package_dir)
+        at = f"{where[0]} ({where[1]})" if where else "vLLM"
+        return UnreachableError(step, f"{at} {what} ({PLATFORM_LIBRARIES[library]}), which does not exist for "
+                                      "this host: vLLM's checks after that point did not run",
+                                engine="vllm", version=self.version)
 
     @contextlib.contextmanager
     def _dcp_group(self, dcp: int) -> Iterator[None]:
@@ -700,6 +875,21 @@ class VLLMEngine:
             yield
         finally:
             state._DCP = saved
+
+    @contextlib.contextmanager
+    def _tp_group(self, tp: int) -> Iterator[None]:
+        """``parallel_state._TP`` is a TP group of the cell's size, rank 0, no process group.
+
+        The model code's linear layers (a sparse model's indexer) read their
+        rank and the group size from it when they are built.
+        """
+        state = self._parallel_state
+        saved = getattr(state, "_TP", None)
+        state._TP = types.SimpleNamespace(world_size=tp, rank_in_group=0, device_group=None)
+        try:
+            yield
+        finally:
+            state._TP = saved
 
     @contextlib.contextmanager
     def _default_dtype(self, dtype: Any) -> Iterator[None]:
@@ -723,8 +913,8 @@ class VLLMEngine:
         namespaces = [vars(m) for m in self._cache_owners] + [vars(k) for k in self._platform_cls.__mro__]
         for namespace in namespaces:
             for value in namespace.values():
-                function = getattr(value, "__func__", value)
-                if callable(getattr(function, "cache_clear", None)):
+                function = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+                if isinstance(function, functools._lru_cache_wrapper):
                     function.cache_clear()
 
     # -- coverage and metadata ------------------------------------------------------------------
@@ -753,12 +943,20 @@ class VLLMEngine:
                     result[member.name] = _source_is_mla(path)
         return result
 
+    def known_archs(self) -> tuple[str, ...]:
+        """The arch values this release has a platform for: CUDA, the GFX targets its ROCm platform names, CPU, XPU."""
+        return known_archs()
+
     def metadata(self) -> Mapping[str, Any]:
         return {
             "engine": "vllm",
             "version": self.version,
             "stubs": list(self.stubs),
-            "faked": "vllm.platforms.current_platform = NonNvmlCudaPlatform subclass (get_device_capability)",
+            "faked": "vllm.platforms.current_platform: per cell a subclass of vLLM's platform class for the arch "
+                     "(NonNvmlCudaPlatform: capability; RocmPlatform: _GCN_ARCH and its _ON_* flags; CpuPlatform: AMX "
+                     "tiles; XPUPlatform)",
+            "platform": self.platform,
+            "other_platforms": "each in a child process that imported vLLM on that platform",
             "cuda_at_import_on_meta": list(CUDA_AT_IMPORT),
             "start_up": ["ModelConfig.verify_with_parallel_config", "MLAAttention/Attention constructor",
                          "update_block_size_for_backend", "get_kv_cache_spec", "get_kv_cache_groups",
@@ -800,7 +998,11 @@ class _StandInConfig:
         if name.startswith("__"):
             raise AttributeError(name)
         member = _vllm_member(self, name)
-        return None if member is _NO_MEMBER else member
+        if member is not _NO_MEMBER:
+            return member
+        default = _field_default_of(type(self).vllm_cls, name) if dataclasses.is_dataclass(type(self).vllm_cls) \
+            else _NO_MEMBER
+        return None if default is _NO_MEMBER or name.endswith("_config") else default
 
 
 class _ModelConfigView:
@@ -949,6 +1151,64 @@ def _source_is_mla(path: str, depth: int = 0) -> bool:
         elif base_name in imports and _source_is_mla(imports[base_name], depth + 1):
             return True
     return False
+
+
+def known_platforms() -> tuple[str, ...]:
+    """The platforms the vLLM adapter fakes (one per process)."""
+    return tuple(PLATFORM_CLASSES)
+
+
+@contextlib.contextmanager
+def _environ_restored() -> Iterator[None]:
+    """The process environment as it was (the CPU platform's config pass sets LD_PRELOAD, thread counts, ...)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        if dict(os.environ) != saved:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def _answer(value: Any, *args: Any, **kwargs: Any) -> Any:
+    return value
+
+
+@contextlib.contextmanager
+def _device_answers() -> Iterator[None]:
+    """What a GPU host's torch answers while the constructors run, where this host's cannot.
+
+    The sparse MLA impls ask for the current device's index (to size their
+    split counts) and empty the allocator's cache when their workspace grows,
+    and their metadata builders allocate pinned host buffers; here torch has
+    no accelerator, so the index is 0 (the rank's one GPU), emptying a cache
+    does nothing, and pinned memory is plain host memory. None of it decides
+    anything a rule checks.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class _Unpinned(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
+            kwargs = kwargs or {}
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+            if getattr(func, "__name__", "") == "pin_memory" and args and isinstance(args[0], torch.Tensor):
+                return args[0]
+            return func(*args, **kwargs)
+
+    accelerator = getattr(torch, "accelerator", None)
+    answers = {"current_device_index": lambda: 0, "empty_cache": lambda: None, "synchronize": lambda *a: None}
+    saved = {name: getattr(accelerator, name) for name in answers if hasattr(accelerator, name)}
+    for name in saved:
+        setattr(accelerator, name, answers[name])
+    try:
+        with _Unpinned():
+            yield
+    finally:
+        for name, real in saved.items():
+            setattr(accelerator, name, real)
 
 
 @contextlib.contextmanager
