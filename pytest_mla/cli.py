@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .report.results import ResultFileError, parse_results, read_results, write_json_atomic, write_text_atomic
+from .report.results import ResultFileError, parse_results, read_results, results_text, write_results, write_text_atomic
 
 PROG = "pytest-mla"
 FORMATS = ("md", "html", "json", "terminal")
@@ -39,11 +39,12 @@ def _axes(text: str | None) -> list[str] | None:
 def _read(path: str) -> dict[str, Any]:
     """A result document from a file, or from standard input for ``-``."""
     try:
-        if path == "-":
-            return parse_results(sys.stdin.read(), "<stdin>")
-        return read_results(path)
+        document = parse_results(sys.stdin.read(), "<stdin>") if path == "-" else read_results(path)
     except ResultFileError as exc:
         raise CliError(str(exc)) from None
+    for warning in document.get("warnings") or ():  # a file cut short: what was read, what was lost
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    return document
 
 
 def _write(text: str, out: str | None) -> None:
@@ -89,7 +90,7 @@ def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: lis
     if fmt == "json":
         if view is not None or rows or cols:
             raise CliError("--view/--rows/--cols shape a rendering; --format json writes the result document as is")
-        return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+        return results_text(document["run"], document["cells"])  # the current schema version
     if fmt == "html" and (rows or cols):
         raise CliError("--rows/--cols apply to Markdown; the HTML page has its own row and column pickers")
     try:
@@ -117,7 +118,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view)
     if fmt == "json" and args.output not in (None, "-"):
         try:
-            write_json_atomic(args.output, document)
+            write_results(args.output, document["run"], document["cells"])
         except OSError as exc:
             raise cannot_write(args.output, exc) from None
     else:
@@ -145,7 +146,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     except MergeError as exc:
         raise CliError(str(exc)) from None
     try:
-        write_json_atomic(args.output, merged)
+        write_results(args.output, merged["run"], merged["cells"])
     except OSError as exc:
         raise cannot_write(args.output, exc) from None
     conflicts = merged["run"].get("conflicts") or []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -30,6 +31,18 @@ from .runner import run_key
 
 #: Attribute of the test report that carries the cell record (plain values) to the controller.
 RECORD_ATTR = "mla_cell"
+
+
+def record_text(record: CellRecord) -> Any:
+    """A record as the JSON text xdist carries (the record itself if it holds a non-JSON value)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return record
+
+
+def record_from_text(text: str) -> CellRecord:
+    return json.loads(text)
 
 
 class CellMismatch(AssertionError):

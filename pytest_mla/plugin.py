@@ -204,6 +204,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config: pytest.Config, report: Any) -> Generator[None, Any, Any]:
+    """A cell's record leaves an xdist worker as one JSON text (one string for execnet to carry,
+    not a tree of small objects)."""
+    data = yield
+    if isinstance(data, dict) and isinstance(data.get(RECORD_ATTR), dict):
+        data[RECORD_ATTR] = collect.record_text(data[RECORD_ATTR])
+    return data
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_from_serializable(config: pytest.Config, data: Any) -> None:
+    """... and is a record again on the controller, before pytest rebuilds the report."""
+    if isinstance(data, dict) and isinstance(data.get(RECORD_ATTR), str):
+        data[RECORD_ATTR] = collect.record_from_text(data[RECORD_ATTR])
+
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     run = config.stash.get(run_key, None)
     if run is None:

@@ -154,6 +154,14 @@ def expand_cells(axes: Mapping[str, Sequence[Any]]) -> Iterable[Cell]:
         yield Cell(**dict(zip(order, values)))
 
 
+def expand_ids(axes: Mapping[str, Sequence[Any]]) -> Iterable[str]:
+    """The ids of ``expand_cells(axes)``, in the same order, without building the cells."""
+    import itertools
+
+    parts = [[format_part(a, v) for v in axes[a]] for a in AXES if a in axes]
+    return ("/".join(p) for p in itertools.product(*parts))
+
+
 ARCH_HINT = ("expected an NVIDIA arch sm" + "/".join(str(n) for n in NVIDIA_SMS)
              + " (optionally with an a or f suffix: sm90a), or an AMD target such as gfx90a, gfx942, gfx1100")
 

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, is_arch
+from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, expand_ids, is_arch
 from .errors import MatrixError, Problem
 from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
 from .rules import (
@@ -62,6 +62,10 @@ class Matrix:
 
     def cells(self) -> Iterator[Cell]:
         return expand_cells(self.axes)
+
+    def cell_ids(self) -> Iterator[str]:
+        """The ids of ``cells()``, in the same order (cheaper than building the cells)."""
+        return iter(expand_ids(self.axes))
 
     @property
     def size(self) -> int:

@@ -218,10 +218,15 @@ def _facts(model: ReportModel) -> list[tuple[str, str]]:
                  + (f", {host.get('hostname')}" if host.get("hostname") else "")),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)),
         ("kernel", f"dtype {run.get('kernel_dtype')}, seed {run.get('seed')}, dcp mode {run.get('dcp_mode')}"),
-        ("run", f"{run.get('started') or '?'} → {run.get('finished') or '?'}"
-                + (f", commit {run['git_commit'][:12]}" if run.get("git_commit") else "")
-                + ("" if run.get("complete", True) else ", INCOMPLETE")),
     ]
+    # Timestamps and the commit are in files of schema version 1 only (newer runs keep them in
+    # the run-facts side file, so that a report changes only when an outcome does).
+    when = (f"{run.get('started') or '?'} → {run.get('finished') or '?'}"
+            if run.get("started") or run.get("finished") else "")
+    when += f", commit {run['git_commit'][:12]}" if run.get("git_commit") else ""
+    if when or not run.get("complete", True):
+        facts.append(("run", when.lstrip(", ") + ("" if run.get("complete", True) else
+                                                  (", " if when else "") + "INCOMPLETE")))
     uncovered = model.uncovered()
     if uncovered:
         facts.append(("not covered", f"{len(uncovered)} MLA-capable backends the engine registers: "

@@ -128,7 +128,7 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
     wheres = sorted({str(kernel_of(c).get("where")) for c in merged_cells
                      if kernel_of(c).get("where")})
     run: dict[str, Any] = {
-        **{k: v for k, v in first.items() if k not in ("counts", "axes")},
+        **{k: v for k, v in first.items() if k not in ("counts", "axes", "cells_selected")},
         "engine": engine,
         "host": {"arch": "+".join(archs) or None, "gpu": ", ".join(sorted({str(h["gpu"]) for h in hosts if h.get("gpu")})) or None,
                  "gpus": sum(int(h.get("gpus") or 0) for h in hosts), "machine": first.get("host", {}).get("machine"),
@@ -136,8 +136,6 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
                  "hostname": ", ".join(dict.fromkeys(str(h["hostname"]) for h in hosts if h.get("hostname")))
                  or None},
         "triton_mode": wheres[0] if len(wheres) == 1 else (wheres or None),
-        "started": min((r.get("started") for r in runs if r.get("started")), default=None),
-        "finished": max((r.get("finished") for r in runs if r.get("finished")), default=None),
         # Shards and per-arch jobs are partial by design: the merge is complete when it holds every cell.
         "complete": not any(r.get("interrupted") for r in runs) and len(merged_cells) == total,
         "interrupted": any(r.get("interrupted") for r in runs),
@@ -149,12 +147,19 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
         "models": {name: entry for r in runs for name, entry in (r.get("models") or {}).items()},
         "merged_from": [
             {"file": names[i], "host": r.get("host"), "versions": r.get("versions"),
-             "engine_version": (r.get("engine") or {}).get("version"), "git_commit": r.get("git_commit"),
-             "started": r.get("started"), "finished": r.get("finished"),
+             "engine_version": (r.get("engine") or {}).get("version"),
+             # timestamps and commits: only inputs of schema version 1 hold them (see results.py)
+             **{k: r[k] for k in ("git_commit", "started", "finished") if r.get(k) is not None},
              "cells_reported": len(documents[i]["cells"]), "counts": r.get("counts")}
             for i, r in enumerate(runs)
         ],
     }
+    for key, pick in (("started", min), ("finished", max)):
+        times = [r[key] for r in runs if r.get(key)]
+        if times:
+            run[key] = pick(times)
+        else:
+            run.pop(key, None)
     if conflicts:
         run["conflicts"] = conflicts
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": run, "cells": merged_cells}

@@ -15,6 +15,8 @@ import subprocess
 
 import pytest
 
+from pytest_mla.report.results import read_results
+
 from ._venv import ROOT, run_matrix, venv_python
 
 MATRIX = ROOT / "matrix" / "vllm.toml"
@@ -76,7 +78,7 @@ def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
                         "--mla-select=backend=TRITON_MLA,FLASHMLA", "--mla-select=arch=sm90",
                         "--mla-select=page_size=64", "--mla-select=kv_dtype=auto")
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = {c["id"]: c for c in json.loads(next(tmp_path.glob("vllm-*.json")).read_text())["cells"]}
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("vllm-*.json")))["cells"]}
     triton = [c for c in cells.values() if c["coords"]["backend"] == "TRITON_MLA" and c["outcome"]["kind"] == "accepted"]
     verified = [c for c in triton if c["kernel"]["status"] == "verified"]
     assert verified and all(c["kernel"]["level"] == "backend" for c in verified)

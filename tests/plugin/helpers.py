@@ -3,6 +3,8 @@
 import json
 import textwrap
 
+from pytest_mla.report.results import read_results
+
 LIAR_CONFTEST = '''
 import os
 from pytest_mla.engines.protocol import Configured
@@ -51,8 +53,7 @@ def matrix(backends, rules="", engine="liar", archs=("sm90", "sm100"), extra="")
 
 
 def read_report(pytester, name="m"):
-    path = pytester.path / "reports" / f"{name}.json"
-    return json.loads(path.read_text())
+    return read_results(pytester.path / "reports" / f"{name}.json")
 
 
 def verdicts(doc):

@@ -22,7 +22,7 @@ def run_dir(pytester):
     result = pytester.runpytest("--mla-matrix=m.toml", "--mla-kernel=off", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=48)
     reports = pytester.path / "reports"
-    assert sorted(p.name for p in reports.iterdir()) == ["m.html", "m.json", "m.md"]
+    assert sorted(p.name for p in reports.iterdir()) == ["m.html", "m.json", "m.md", "m.run.json"]
     return reports
 
 
@@ -33,7 +33,7 @@ def test_round_trip_render_equals_what_the_run_wrote(run_dir, tmp_path, capsys):
         assert main(["render", result, "--format", fmt, "-o", str(out)]) == 0
         assert out.read_text(encoding="utf-8") == (run_dir / f"m.{fmt}").read_text(encoding="utf-8"), fmt
     assert main(["render", result, "-o", str(tmp_path / "again.json")]) == 0
-    assert json.loads((tmp_path / "again.json").read_text()) == json.loads((run_dir / "m.json").read_text())
+    assert (tmp_path / "again.json").read_bytes() == (run_dir / "m.json").read_bytes()
     md = (run_dir / "m.md").read_text(encoding="utf-8")
     assert "## deepseek-v3" in md and "## llama-3.1-8b" in md
     assert "Decode context parallelism needs an MLA model" in md
@@ -75,7 +75,10 @@ def write(tmp_path, name, text):
 
 MALFORMED = {
     "truncated": (lambda: json.dumps(make_document())[:500], "invalid JSON (truncated?)"),
-    "other-version": (lambda: json.dumps({**make_document(), "schema_version": 2}), "schema version 2 is not supported"),
+    "newer-version": (lambda: json.dumps({**make_document(), "schema_version": 3}),
+                      "schema version 3 is newer than this pytest-mla reads (versions 1 and 2)"),
+    "unknown-version": (lambda: json.dumps({**make_document(), "schema_version": 0}),
+                        "schema version 0 is not supported (this pytest-mla reads versions 1 and 2)"),
     "not-a-report": (lambda: json.dumps({"tests": []}), "not a pytest-mla result file"),
     "toml": (lambda: SMALL_MATRIX, "not a pytest-mla result file (not JSON)"),
     "bad-cell": (lambda: json.dumps({**make_document(), "cells": [{"id": 3}]}), "malformed cell record at cells[0]"),

@@ -1,0 +1,303 @@
+"""The compact encoding of a result file (schema version 2): every repeated value stored once.
+
+A version-2 file keeps a table of values (``values``) and one line per cell.
+A *slot* is how a value is written where it is used:
+
+- an integer ``n`` refers to ``values[n]``;
+- a string, a float, ``true``, ``false`` or ``null`` is itself;
+- an array is an array of slots; an object is an object whose values are slots.
+
+An entry of the table is written the same way, except that an integer or a
+string entry is that integer or string. So any JSON value travels losslessly
+(integers always through the table, which keeps them apart from references),
+and the writer alone decides what is shared: ``Encoder`` puts every string,
+integer, array and object into the table once and refers to it after that,
+except the values of ``INLINE_KEYS`` (unique to a cell) and the coordinates.
+
+A cell is ``[shape, slot, slot, ...]``: ``shape`` refers to an array of its
+keys, in order; a key written ``[name, [k1, k2, ...]]`` stands for an object
+under ``name`` whose values (for keys k1, k2, ...) follow as slots of their own
+(the coordinates are written so, without repeating their names).
+
+Table entries are defined before the first cell that uses them, in lines
+``{"values": [...]}`` between the cells, so the file can be written and read
+as the run goes. ``Decoder`` turns the lines back into records; equal values
+decode to one shared object, which keeps a million-cell document small in
+memory and lets renderers remember what they computed for a value by its
+identity. Records from a ``Decoder`` are read-only: copy before changing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+__all__ = ["Encoder", "Decoder", "CodecError", "INLINE_KEYS", "FLAT_KEYS"]
+
+#: Cell keys whose values are unique to a cell: written in the cell line, not in the table.
+INLINE_KEYS = frozenset({"id", "nodeid"})
+#: Cell keys whose object values are written flat in the cell line, their keys in the shape.
+FLAT_KEYS = frozenset({"coords"})
+
+_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _reject(value: Any) -> Any:
+    raise TypeError(f"not a plain JSON value: {type(value).__name__}")
+
+
+if _c_encoder is not None:  # CPython's C encoder, built once (JSONEncoder.encode builds one per call)
+    _chunks = _c_encoder(None, _reject, json.encoder.c_encode_basestring, None, ":", ",", False, False, False)
+
+    def _dumps(value: Any) -> str:
+        """Compact JSON text of a plain value (TypeError for anything else, ValueError for NaN)."""
+        return "".join(_chunks(value, 0))
+else:  # pragma: no cover - other Pythons
+    _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"),
+                              check_circular=False, default=_reject).encode
+
+
+class CodecError(ValueError):
+    """A line that does not follow the encoding (a reference to an undefined value, a bad shape)."""
+
+
+class Encoder:
+    """Turns cell records into lines, growing the table as new values appear.
+
+    ``cell(record)`` returns the cell's line (JSON text) and the record made
+    of the table's shared values (``canonical``); ``take_values()`` returns the
+    JSON text of the entries defined since its last call, which must be
+    written before that cell's line.
+    """
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._strings: dict[str, int] = {}
+        self._ints: dict[int, int] = {}
+        self._containers: dict[str, int] = {}  # an entry's JSON text → its index
+        self._raw: dict[str, int] = {}  # a container's own JSON text → its index
+        self._shapes: dict[tuple[Any, ...], int] = {}  # (keys, flat keys) → the shape's index
+        self._objects: list[Any] = []  # index → the shared value
+        self._fresh: list[str] = []
+
+    # -- values --------------------------------------------------------------------
+    def _define(self, text: str, value: Any) -> int:
+        index = self.size
+        self.size += 1
+        self._fresh.append(text)
+        self._objects.append(value)
+        return index
+
+    def slot(self, value: Any) -> Any:
+        """The slot of ``value``: a reference for strings, integers and containers, else the value."""
+        kind = type(value)
+        if kind is str:
+            index = self._strings.get(value)
+            if index is None:
+                index = self._strings[value] = self._define(_dumps(value), value)
+            return index
+        if kind is dict or kind is list:
+            try:  # a container seen before is found by its JSON text, without walking it again
+                raw = _dumps(value)
+            except (TypeError, ValueError):
+                raw = None  # a set, a path, a NaN inside: walked, and made plain (or refused) there
+            index = self._raw.get(raw) if raw is not None else None
+            if index is None:
+                if kind is dict:
+                    index = self._container({_key(k): self.slot(v) for k, v in value.items()}, dict)
+                else:
+                    index = self._container([self.slot(v) for v in value], list)
+                if raw is not None:
+                    self._raw[raw] = index
+            return index
+        if kind is int:
+            index = self._ints.get(value)
+            if index is None:
+                index = self._ints[value] = self._define(str(value), value)
+            return index
+        if value is None or kind is bool:
+            return value
+        if kind is float:
+            if value != value or value in (_INF, -_INF):
+                raise ValueError(f"not a JSON number: {value!r}")
+            return value
+        if kind is tuple:
+            return self.slot(list(value))
+        return self.slot(_plain(value))
+
+    def _container(self, entry: Any, kind: type) -> int:
+        text = _dumps(entry)
+        index = self._containers.get(text)
+        if index is None:
+            value = ({k: self.value(s) for k, s in entry.items()} if kind is dict
+                     else [self.value(s) for s in entry])
+            index = self._containers[text] = self._define(text, value)
+        return index
+
+    def value(self, slot: Any) -> Any:
+        """The shared value a slot stands for (literals are themselves)."""
+        if type(slot) is int:
+            return self._objects[slot]
+        return slot
+
+    def take_values(self) -> str | None:
+        """``{"values":[...]}`` for the entries defined since the last call (None: none)."""
+        if not self._fresh:
+            return None
+        text = '{"values":[' + ",".join(self._fresh) + "]}"
+        self._fresh = []
+        return text
+
+    # -- cells ---------------------------------------------------------------------
+    def cell(self, record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``(line, canonical)``: the cell's line and the record rebuilt from shared values."""
+        slot, objects = self.slot, self._objects
+        slots: list[Any] = [None]
+        canonical: dict[str, Any] = {}
+        flat: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        for key, value in record.items():
+            if key in INLINE_KEYS and type(value) is str:
+                slots.append(value)
+                canonical[key] = value
+            elif key in FLAT_KEYS and type(value) is dict and value:
+                sub = {}
+                for k, v in value.items():
+                    s = slot(v)
+                    slots.append(s)
+                    sub[k] = objects[s] if type(s) is int else s
+                flat += ((key, tuple(value)),)
+                canonical[key] = sub
+            else:
+                s = slot(value)
+                slots.append(s)
+                canonical[key] = objects[s] if type(s) is int else s
+        shape_key = (tuple(record), flat)
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            subs = dict(flat)
+            shape = self._shapes[shape_key] = self._container(
+                [[k, list(subs[k])] if k in subs else _key(k) for k in record], list)
+        slots[0] = shape
+        return _dumps(slots), canonical
+
+
+class Decoder:
+    """Reads table lines and cell lines (parsed JSON) back into values and records."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self._plans: dict[int, list[tuple[str, tuple[str, ...] | None]]] = {}
+
+    def add_values(self, entries: Iterable[Any]) -> None:
+        values = self.values
+        for entry in entries:
+            kind = type(entry)
+            if kind is dict:
+                values.append({k: self.value(s) for k, s in entry.items()})
+            elif kind is list:
+                values.append([self.value(s) for s in entry])
+            elif kind is str or kind is int:
+                values.append(entry)
+            else:
+                raise CodecError(f"values[{len(values)}]: a table entry must be a string, an integer, an array "
+                                 f"or an object, got {entry!r}")
+
+    def value(self, slot: Any) -> Any:
+        """The value a slot stands for."""
+        kind = type(slot)
+        if kind is int:
+            if slot < 0:
+                raise CodecError(f"reference to values[{slot}]: references are never negative")
+            try:
+                return self.values[slot]
+            except IndexError:
+                raise CodecError(f"reference to values[{slot}], which is not defined yet "
+                                 f"({len(self.values)} values so far)") from None
+        if kind is list:
+            return [self.value(s) for s in slot]
+        if kind is dict:
+            return {k: self.value(s) for k, s in slot.items()}
+        return slot
+
+    def _plan(self, ref: Any) -> tuple[tuple[str, ...], tuple[tuple[int, tuple[str, ...]], ...], int]:
+        """``(keys, flats, width)`` of a shape: the record's keys, where each flat object's values
+        start in a cell and its keys (the last object first), and how many values a cell has."""
+        plan = self._plans.get(ref) if type(ref) is int else None
+        if plan is not None:
+            return plan
+        shape = self.value(ref)
+        if not isinstance(shape, list):
+            raise CodecError(f"a cell's first element must refer to its keys (an array), got {shape!r}")
+        keys: list[str] = []
+        flats: list[tuple[int, tuple[str, ...]]] = []
+        width = 0
+        for key in shape:
+            if type(key) is str:
+                keys.append(key)
+                width += 1
+            elif (isinstance(key, list) and len(key) == 2 and type(key[0]) is str and isinstance(key[1], list)
+                  and all(type(k) is str for k in key[1])):
+                keys.append(key[0])
+                flats.append((width, tuple(key[1])))  # where its values start in the cell
+                width += len(key[1])
+            else:
+                raise CodecError(f"bad key in a cell's shape: {key!r}")
+        if len(set(keys)) != len(keys):
+            raise CodecError(f"a cell's shape repeats a key: {keys!r}")
+        plan = (tuple(keys), tuple(reversed(flats)), width)
+        if type(ref) is int:
+            self._plans[ref] = plan
+        return plan
+
+    def cell(self, line: Any) -> dict[str, Any]:
+        """The record of a parsed cell line."""
+        if type(line) is not list or not line:
+            raise CodecError(f"a cell must be a non-empty array, got {str(line)[:60]}")
+        keys, flats, width = self._plan(line[0])
+        if len(line) != width + 1:
+            raise CodecError(f"a cell with {len(line) - 1} values for {width} keys")
+        values, other, literal = self.values, self.value, _LITERALS
+        try:
+            resolved = [values[s] if type(s) is int and s >= 0 else s if type(s) in literal else other(s)
+                        for s in line[1:]]
+        except IndexError:
+            bad = next(s for s in line[1:] if type(s) is int and s >= len(values))
+            raise CodecError(f"reference to values[{bad}], which is not defined yet "
+                             f"({len(values)} values so far)") from None
+        for start, sub in flats:  # the last first: folding one leaves the earlier starts in place
+            resolved[start:start + len(sub)] = (dict(zip(sub, resolved[start:start + len(sub)])),)
+        return dict(zip(keys, resolved))
+
+
+_INF = float("inf")
+#: Slot types that stand for themselves.
+_LITERALS = frozenset({str, float, bool, type(None)})
+
+
+def _key(key: Any) -> str:
+    """An object key as JSON writes it (``1`` → ``"1"``, ``True`` → ``"true"``)."""
+    if type(key) is str:
+        return key
+    if isinstance(key, str):
+        return str.__str__(key)
+    return _dumps(key)
+
+
+def _plain(value: Any) -> Any:
+    """Values the JSON module would not take but a record may hold (the v1 writer took them too)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, str):  # a str subclass (an enum member): its text, as json.dumps writes it
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"not a plain JSON value: {type(value).__name__}")
