@@ -28,7 +28,8 @@ from .core.records import CellRecord, crash_record
 from .options import safe_stem_part
 from .report import run_document
 from .report.results import (
-    ResultStream, run_facts_path, split_run, split_volatile, write_results, write_run_facts, write_text_atomic,
+    ResultStream, run_facts_path, split_run, split_volatile, with_volatile, write_results, write_run_facts,
+    write_text_atomic,
 )
 from .report.summary import build_summary
 from .runner import KERNEL_CACHE_INPUT, LoadedMatrix, MatrixRun
@@ -384,7 +385,8 @@ class ResultCollector:
         if not self.records:
             return
         documents = [self._document_for_summary(file) for file in self.run.files]
-        lines = build_summary(list(self.records.values()), [d for d in documents if d is not None],
+        records = [with_volatile(r, self.volatile.get(nodeid)) for nodeid, r in self.records.items()]
+        lines = build_summary(records, [d for d in documents if d is not None],
                               verbosity=self.config.get_verbosity(),
                               baseline=self.run.settings.baseline if self.run.baseline is not None else None,
                               regressions=self.regressions, written=[_shown(p) for p in self.written],

@@ -49,7 +49,8 @@ END_KEYS = ("triton_mode", "complete", "interrupted", "cells_reported", "counts"
 #: Facts that differ on every run of the same inputs: kept out of result files.
 VOLATILE_RUN_KEYS = ("started", "finished", "git_commit", "args")
 VOLATILE_CELL_KEYS = ("duration_s",)
-VOLATILE_KERNEL_KEYS = ("time_s",)
+#: ``reused``: under xdist, which of two cells sharing a kernel check computes it depends on timing.
+VOLATILE_KERNEL_KEYS = ("time_s", "reused")
 
 _HEAD = f'{{"schema":"{SCHEMA}","schema_version":{SCHEMA_VERSION},\n'
 _VERSION = re.compile(r'^\s*\{\s*"schema"\s*:\s*"([^"]*)"\s*,\s*"schema_version"\s*:\s*(-?\d+)')
@@ -380,6 +381,16 @@ def split_volatile(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
         facts["kernel"] = {k: kernel.pop(k) for k in VOLATILE_KERNEL_KEYS if k in kernel}
         kept["kernel"] = kernel
     return kept, facts
+
+
+def with_volatile(record: Mapping[str, Any], facts: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``record`` with the facts ``split_volatile`` took out of it put back (for the terminal summary)."""
+    if not facts:
+        return record
+    whole = {**record, **{k: v for k, v in facts.items() if k != "kernel"}}
+    if isinstance(facts.get("kernel"), dict) and isinstance(record.get("kernel"), dict):
+        whole["kernel"] = {**record["kernel"], **facts["kernel"]}
+    return whole
 
 
 def _umask() -> int:

@@ -56,5 +56,10 @@ def read_report(pytester, name="m"):
     return read_results(pytester.path / "reports" / f"{name}.json")
 
 
+def run_facts(pytester, name="m"):
+    """Cell id → the volatile facts of its record (``reports/<name>.run.json``)."""
+    return json.loads((pytester.path / "reports" / f"{name}.run.json").read_text())["cells"]
+
+
 def verdicts(doc):
     return {c["id"]: c["verdict"] for c in doc["cells"]}
