@@ -13,12 +13,14 @@ feature tables and list them under "Input validation".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -78,7 +80,28 @@ class Matrix:
         return self.models[cell.model]
 
     def expectation(self, cell: Cell, engine_version: str | Version | None = None) -> Expectation:
-        return decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+        # Cells that differ only in axes no rule reads have the same expectation: decided once
+        # (a tp axis no rule mentions multiplies the cells, not the work).
+        key = (self._rule_key(cell), engine_version)
+        try:
+            return self._expectations[key]
+        except KeyError:
+            expect = decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+            self._expectations[key] = expect
+            return expect
+        except TypeError:  # an unhashable version object
+            return decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+
+    @functools.cached_property
+    def _rule_key(self) -> Callable[[Cell], Any]:
+        """A cell's values on the axes some rule reads."""
+        read = frozenset().union(*(rule.axes for rule in self.rules))
+        axes = [a for a in self.axes if a in read]
+        return operator.attrgetter(*axes) if axes else (lambda cell: ())
+
+    @functools.cached_property
+    def _expectations(self) -> dict[tuple[Any, ...], Expectation]:
+        return {}
 
     def describes(self, engine_version: str | None) -> bool:
         """Whether the matrix's ``[engine] version`` admits this engine version."""

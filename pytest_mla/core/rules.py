@@ -12,6 +12,7 @@ engine versions their specifier admits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import re
 from typing import Any, Callable, Mapping
@@ -58,14 +59,25 @@ def field_value(key: str, cell: Cell, model: ModelConfig) -> Any:
     if key.startswith("model."):
         return model.field(key[len("model."):])
     if key.startswith("spec."):
-        s = parse_spec(cell.spec)
-        return {
-            "spec.topk": s.topk, "spec.steps": s.steps, "spec.tree": s.is_tree,
-            "spec.enabled": s.enabled, "spec.algorithm": s.algorithm or "none", "spec.s_q": s.s_q,
-        }[key]
+        return _spec_fields(cell.spec)[key]
     if key == "arch.sm":
-        return arch_number(cell.arch)
+        return _arch_number(cell.arch)
     return getattr(cell, key)
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_fields(text: str) -> dict[str, Any]:
+    s = parse_spec(text)
+    return {"spec.topk": s.topk, "spec.steps": s.steps, "spec.tree": s.is_tree,
+            "spec.enabled": s.enabled, "spec.algorithm": s.algorithm or "none", "spec.s_q": s.s_q}
+
+
+_arch_number = functools.lru_cache(maxsize=None)(arch_number)
+
+
+def field_axis(key: str) -> str:
+    """The axis a field is read from (``model.mla`` → ``model``, ``spec.tree`` → ``spec``)."""
+    return key.split(".", 1)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +94,15 @@ class Predicate:
         if value is None or isinstance(value, bool):
             return False
         return _OPS[self.op](value, self.values[0])
+
+    @functools.cached_property
+    def holds(self) -> Callable[[Cell, ModelConfig], bool]:
+        """``test(field_value(key, cell, model))`` as one call (every cell of a matrix asks every rule)."""
+        key, test = self.key, self.test
+        if self.op == "in" and key in AXES:
+            values = self.values
+            return lambda cell, model: getattr(cell, key) in values
+        return lambda cell, model: test(field_value(key, cell, model))
 
     def describe(self) -> str:
         if self.op == "in":
@@ -117,7 +138,16 @@ class Rule:
         return self.engine_version.contains(version, prereleases=True)
 
     def matches(self, cell: Cell, model: ModelConfig) -> bool:
-        return all(p.test(field_value(p.key, cell, model)) for p in self.when)
+        for p in self.when:
+            if not p.holds(cell, model):
+                return False
+        return True
+
+    @functools.cached_property
+    def axes(self) -> frozenset[str]:
+        """The axes this rule reads: in ``when`` and in its message's placeholders."""
+        keys = [p.key for p in self.when] + (placeholders(self.message) if self.message else [])
+        return frozenset(field_axis(k) for k in keys)
 
     def why(self, cell: Cell, model: ModelConfig) -> list[tuple[str, Any, bool]]:
         """Each predicate with the cell's value and whether it held (for ``explain``)."""
@@ -157,11 +187,13 @@ class Expectation:
     xfail_after_accept: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if self.reason is None:  # only skip expectations carry a reason
-            del d["reason"]
-        if not self.xfail_after_accept:
-            del d["xfail_after_accept"]
+        # Built by hand, not dataclasses.asdict (a deep copy): every cell's record asks.
+        d = {"kind": self.kind, "error": self.error, "message": self.message, "match": self.match,
+             "xfail": self.xfail, "rule": self.rule, "rule_line": self.rule_line}
+        if self.reason is not None:  # only skip expectations carry a reason
+            d["reason"] = self.reason
+        if self.xfail_after_accept:
+            d["xfail_after_accept"] = True
         return d
 
     def describe(self) -> str:
