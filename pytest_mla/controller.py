@@ -513,16 +513,19 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path]) -> str | None:
     """Markdown and HTML next to the JSON, from the same document; returns the Markdown (None if not asked)."""
+    from .report.model import ReportModel
+
     markdown = None
+    model = ReportModel(document)  # one model, one backends view, for both pages
     if "md" in formats:
         from .report.markdown import render_markdown
 
-        markdown = render_markdown(document)
+        markdown = render_markdown(document, model=model)
         written.append(write_text_atomic(_with_ext(stem, "md"), markdown))
     if "html" in formats:
         from .report.html import render_html
 
-        written.append(write_text_atomic(_with_ext(stem, "html"), render_html(document)))
+        written.append(write_text_atomic(_with_ext(stem, "html"), render_html(document, model=model)))
     return markdown
 
 

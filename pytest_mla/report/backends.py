@@ -188,7 +188,15 @@ class BackendsView:
 
 # -- building the view ------------------------------------------------------------------
 def build_backends_view(model: ReportModel) -> BackendsView:
-    """The backends view of one result document."""
+    """The backends view of one result document (built once per ``ReportModel``: the Markdown and
+    the HTML a run writes share it; renderers only read it)."""
+    cached = model.cache.get("backends_view")
+    if cached is None:
+        cached = model.cache["backends_view"] = _build_backends_view(model)
+    return cached
+
+
+def _build_backends_view(model: ReportModel) -> BackendsView:
     notes = Notes()
     plain = _plain_values(model)
     columns = _columns(model, plain)

@@ -245,12 +245,19 @@ class ReportModel:
         self.probes: dict[str, list[Any]] = {a: list(v) for a, v in (self.run.get("probes") or {}).items()
                                              if a in self.axes and isinstance(v, list)}
         #: The cells of the feature tables: every cell without a probe value.
-        self.feature_cells: list[Mapping[str, Any]] = [c for c in self.cells if not self.is_probe(c)]
+        self.feature_cells: list[Mapping[str, Any]] = (
+            [c for c in self.cells if not self.is_probe(c)] if self.probes else list(self.cells))
         #: Axis values without the probes, in matrix order.
         self.feature_axes: dict[str, list[Any]] = {a: [v for v in vals if v not in self.probes.get(a, ())]
                                                    for a, vals in self.axes.items()}
         self._case_mla: dict[Any, bool] | None = None
         self._states: dict[int, str] = {}
+        # Texts of records, by the identity of the values they are made of: records read from a
+        # result file share equal values (codec.py), so each text is made once, not once per cell.
+        self._rejections: dict[tuple[int, int], str] = {}
+        self._notes: dict[tuple[Any, ...], str | None] = {}
+        #: What views built from this model keep for the next rendering (``build_backends_view``).
+        self.cache: dict[str, Any] = {}
 
     @property
     def states(self) -> dict[int, str]:
@@ -263,6 +270,27 @@ class ReportModel:
         """``cell_state(record)``, computed once per record of this document."""
         state = self.states.get(id(record))
         return state if state is not None else cell_state(record)
+
+    def rejection_text(self, record: Mapping[str, Any]) -> str:
+        """``rejection_text(record)``, made once per distinct outcome and expectation."""
+        key = (id(record.get("outcome")), id(record.get("expectation")))
+        text = self._rejections.get(key)
+        if text is None:
+            text = self._rejections[key] = rejection_text(record)
+        return text
+
+    def note(self, record: Mapping[str, Any], state: str) -> str | None:
+        """``state_note(record, state)``, made once per distinct set of the values it reads."""
+        if state == REJECTED:
+            return self.rejection_text(record)
+        key = (state, id(record.get("expectation")), record.get("reason"), record.get("verdict"))
+        try:
+            return self._notes[key]
+        except KeyError:
+            text = self._notes[key] = state_note(record, state)
+            return text
+        except TypeError:  # a reason that is not a string
+            return state_note(record, state)
 
     def uncovered(self) -> list[str]:
         """MLA-capable backends the engine registers that the matrix does not list (``engine.coverage``)."""
@@ -294,12 +322,16 @@ class ReportModel:
     def _axes(self) -> dict[str, list[Any]]:
         declared = self.run.get("axes") or {}
         axes: dict[str, list[Any]] = {a: list(v) for a, v in declared.items()}
-        seen: dict[str, set[Any]] = {a: set(v) for a, v in axes.items()}
-        for cell in self.cells:
-            for a, v in (cell.get("coords") or {}).items():
-                if v not in seen.setdefault(a, set()):
-                    seen[a].add(v)
-                    axes.setdefault(a, []).append(v)
+        coords = [c.get("coords") or {} for c in self.cells]
+        names = list(coords[0]) if coords else []
+        later = set().union(*coords) - set(names)
+        for cs in coords if later else ():  # axes only later cells have, in order of first appearance
+            names += [a for a in cs if a in later and a not in names]
+        for a in names:
+            known = set(axes.get(a, ()))  # values in the cells the run did not declare, in first-seen order
+            new = [v for v in dict.fromkeys(cs[a] for cs in coords if a in cs) if v not in known]
+            if new or a not in axes:
+                axes.setdefault(a, []).extend(new)
         ordered = {a: axes[a] for a in AXES if a in axes}
         ordered.update({a: v for a, v in axes.items() if a not in ordered})
         return ordered
@@ -329,11 +361,9 @@ class ReportModel:
         t_axes, r_axes, c_axes, hidden = self.layout(rows, cols, tables)
         by_table: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[tuple[Any, ...], list]]] = {}
         for cell in self.feature_cells:  # probes are listed under "Input validation" instead
-            coords = cell.get("coords") or {}
-            tk = tuple(coords.get(a) for a in t_axes)
-            rk = tuple(coords.get(a) for a in r_axes)
-            ck = tuple(coords.get(a) for a in c_axes)
-            by_table.setdefault(tk, {}).setdefault(rk, {}).setdefault(ck, []).append(cell)
+            get = (cell.get("coords") or {}).get
+            by_table.setdefault(tuple(map(get, t_axes)), {}).setdefault(tuple(map(get, r_axes)), {}).setdefault(
+                tuple(map(get, c_axes)), []).append(cell)
         # Every row/column value of the axes shows, even where no cell was reported.
         all_rows = _product([self.feature_axes[a] for a in r_axes])
         all_cols = _product([self.feature_axes[a] for a in c_axes])
@@ -348,10 +378,10 @@ class ReportModel:
         if not records:
             return Summary(MISSING, SYMBOLS[MISSING], 0, 0, [], [])
         parts: dict[tuple[str, str | None], list[tuple[Any, ...]]] = {}
+        state_of, note_of = self.state, self.note
         for r in records:
-            state = cell_state(r)
-            coords = r.get("coords") or {}
-            parts.setdefault((state, state_note(r, state)), []).append(tuple(coords.get(a) for a in hidden))
+            state = state_of(r)
+            parts.setdefault((state, note_of(r, state)), []).append(tuple(map((r.get("coords") or {}).get, hidden)))
         universe = [t for ts in parts.values() for t in ts]
         states = Counter()
         for (state, _), ts in parts.items():
@@ -414,7 +444,8 @@ class ReportModel:
         return sorted(wheres)
 
     def bad_cells(self) -> list[Mapping[str, Any]]:
-        return [c for c in self.cells if cell_state(c) == BAD]
+        states = self.states
+        return [c for c in self.cells if states[id(c)] == BAD]
 
 
 def _product(lists: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
