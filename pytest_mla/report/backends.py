@@ -292,12 +292,14 @@ def _columns(model: ReportModel, plain: Mapping[str, Any]) -> list[Column]:
 class _Twins:
     """Which configurations of one row the engine accepted, for the plain-twin lookups."""
 
-    def __init__(self, axes: Sequence[str], cells: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, axes: Sequence[str], cells: Sequence[Mapping[str, Any]],
+                 keys: Mapping[int, tuple[Any, ...]] | None = None) -> None:
         self.axes = list(axes)
         self.index = {a: i for i, a in enumerate(self.axes)}
         self.accepted: set[tuple[Any, ...]] = set()
         self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES if a in axes}
-        self.keys = {id(c): self.key(c["coords"]) for c in cells}
+        # ``keys``: the model's (``ReportModel.keys``: the same axes, in the same order)
+        self.keys = keys if keys is not None else {id(c): self.key(c["coords"]) for c in cells}
         for c in cells:
             if (c.get("outcome") or {}).get("kind") != ACCEPTED:
                 continue
@@ -323,8 +325,9 @@ class _Twins:
 
 def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
          plain: Mapping[str, Any], notes: Notes) -> Row:
-    twins = _Twins(list(model.axes), cells)
-    accepted = [c for c in cells if model.state(c) in (VERIFIED, EMULATED, ACCEPTED)]
+    twins = _Twins(list(model.axes), cells, model.keys)
+    states = model.states
+    accepted = [c for c in cells if states[id(c)] in (VERIFIED, EMULATED, ACCEPTED)]
     row_refs = tuple(_engine_note_refs(model, accepted, notes))  # numbered first: the name comes first
     # Columns select by a few axes: test each distinct combination of them once, then sort
     # the cells into their columns in one pass (a cell is in one to three columns).
@@ -617,20 +620,29 @@ class _Space:
     def values(self) -> dict[str, list[Any]]:
         """axis → the values it takes among the cells, for the axes that vary (computed when first needed)."""
         out = {}
-        for a in self.model.axes:
+        keys = [self._key(c) for c in self.cells]
+        for i, a in enumerate(self.model.axes):
             if a in self.skip:
                 continue
-            seen = {(c.get("coords") or {}).get(a) for c in self.cells}
+            seen = {k[i] for k in keys}
             if len(seen) > 1:
                 out[a] = sorted(seen, key=lambda v, a=a: self.model.order[a].get(v, 1 << 30))
         return out
+
+    def _key(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
+        key = self.model.keys.get(id(cell))
+        return key if key is not None else tuple(map((cell.get("coords") or {}).get, self.model.axes))
+
+    @functools.cached_property
+    def _pick(self) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+        return self.model.picker(self.axes)
 
     @functools.cached_property
     def axes(self) -> list[str]:
         return list(self.values)
 
     def point(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(map((cell.get("coords") or {}).get, self.axes))
+        return self._pick(self._key(cell))
 
     def inside(self, cell: Mapping[str, Any], clause: Mapping[str, set[Any]]) -> bool:
         coords = cell.get("coords") or {}
@@ -710,11 +722,11 @@ class _Space:
     def deciding_axes(self, cells: Sequence[Mapping[str, Any]], text_of: Callable[[Mapping[str, Any]], str]) -> list[str]:
         """The axes along which ``text_of`` changes between cells that differ in that axis alone."""
         out = []
+        points = [(self.point(c), text_of(c)) for c in cells]
         for i, axis in enumerate(self.axes):
             texts: dict[tuple[Any, ...], set[str]] = {}
-            for c in cells:
-                p = self.point(c)
-                texts.setdefault(p[:i] + p[i + 1:], set()).add(text_of(c))
+            for p, text in points:
+                texts.setdefault(p[:i] + p[i + 1:], set()).add(text)
             if any(len(t) > 1 for t in texts.values()):
                 out.append(axis)
         return out or list(self.axes)

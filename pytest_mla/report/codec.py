@@ -76,7 +76,7 @@ class Encoder:
         self._strings: dict[str, int] = {}
         self._ints: dict[int, int] = {}
         self._containers: dict[str, int] = {}  # an entry's JSON text → its index
-        self._raw: dict[str, int] = {}  # a container's own JSON text → its index
+        self._keyed: dict[Any, int] = {}  # a container's ``_value_key`` → its index
         self._shapes: dict[tuple[Any, ...], int] = {}  # (keys, flat keys) → the shape's index
         self._objects: list[Any] = []  # index → the shared value
         self._fresh: list[str] = []
@@ -98,18 +98,18 @@ class Encoder:
                 index = self._strings[value] = self._define(_dumps(value), value)
             return index
         if kind is dict or kind is list:
-            try:  # a container seen before is found by its JSON text, without walking it again
-                raw = _dumps(value)
-            except (TypeError, ValueError):
-                raw = None  # a set, a path, a NaN inside: walked, and made plain (or refused) there
-            index = self._raw.get(raw) if raw is not None else None
+            try:  # a container seen before is found by a key made of its values, without walking it again
+                key = _value_key(value)
+            except TypeError:
+                key = None  # a set, a path, an enum inside: walked, and made plain there
+            index = self._keyed.get(key) if key is not None else None
             if index is None:
                 if kind is dict:
                     index = self._container({_key(k): self.slot(v) for k, v in value.items()}, dict)
                 else:
                     index = self._container([self.slot(v) for v in value], list)
-                if raw is not None:
-                    self._raw[raw] = index
+                if key is not None:
+                    self._keyed[key] = index
             return index
         if kind is int:
             index = self._ints.get(value)
@@ -271,8 +271,41 @@ class Decoder:
 
 
 _INF = float("inf")
+_PLAIN = frozenset({str, int, type(None)})
+_STR = frozenset({str})
 #: Slot types that stand for themselves.
 _LITERALS = frozenset({str, float, bool, type(None)})
+
+
+def _value_key(value: Any) -> Any:
+    """A hashable key equal for two values exactly when their JSON is equal (type and order kept:
+    ``1``, ``1.0`` and ``true`` differ, ``0.0`` and ``-0.0`` differ); ``TypeError`` for what JSON has
+    no word for. Cheaper than the JSON text itself (no string is scanned: its hash is kept)."""
+    kind = type(value)
+    if kind is dict:
+        if not _STR.issuperset(map(type, value)):
+            raise TypeError("a key that is not a string")
+        if _PLAIN.issuperset(map(type, value.values())):  # the common record part: one C call
+            return ("d", tuple(value.items()))
+        return ("d", tuple((k, _scalar_key(v)) for k, v in value.items()))
+    if _PLAIN.issuperset(map(type, value)):
+        return ("l", tuple(value))
+    return ("l", tuple(map(_scalar_key, value)))
+
+
+def _scalar_key(value: Any) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or value is None:
+        return value
+    if kind is bool:
+        return ("b", value)
+    if kind is float:
+        return ("f", float.__repr__(value))
+    if kind is dict or kind is list:
+        return _value_key(value)
+    if kind is tuple:
+        return _value_key(list(value))
+    raise TypeError(type(value).__name__)
 
 
 def _key(key: Any) -> str:

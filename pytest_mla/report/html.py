@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import operator
 import re
 from importlib import resources
 from typing import Any, Callable, Mapping
@@ -168,7 +169,8 @@ def build_data(model: ReportModel) -> dict[str, Any]:
         return index[text]
 
     s("")
-    orders = [model.order[a] for a in axes]
+    orders = [{**model.order[a], None: -1} for a in axes]  # a cell without the axis: -1
+    keys = model.keys
     state_index = {st: i for i, st in enumerate(STATES)}
     # Records read from a result file share equal values (codec.py): each text is made once per
     # distinct value, found by its identity (the document keeps every value alive meanwhile).
@@ -185,9 +187,10 @@ def build_data(model: ReportModel) -> dict[str, Any]:
         return found
 
     cells = []
+    states = model.states
     for c in model.cells:
         coords = c.get("coords") or {}
-        state = model.state(c)
+        state = states[id(c)]
         reason = c.get("reason")
         key = (state, c.get("verdict"), id(c.get("expectation")), id(c.get("outcome")),
                reason if isinstance(reason, str) else id(reason), id(c.get("kernel")), id(c.get("kernel_runs")),
@@ -206,7 +209,9 @@ def build_data(model: ReportModel) -> dict[str, Any]:
                 body = body_index[texts_of_body] = len(bodies)
                 bodies.append(list(texts_of_body))
             known[key] = body
-        cells.append([o.get(coords.get(a), -1) for a, o in zip(axes, orders)] + [body])
+        key = keys.get(id(c))
+        cells.append([*map(operator.getitem, orders, key), body] if key is not None else
+                     [o.get(coords.get(a), -1) for a, o in zip(axes, orders)] + [body])
     return {
         "axes": [{"name": a, "values": [str(v) for v in model.axes[a]],
                   "labels": [format_value(a, v) for v in model.axes[a]]} for a in axes],

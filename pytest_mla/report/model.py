@@ -16,6 +16,7 @@ accepted only in part).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -256,15 +257,55 @@ class ReportModel:
         # result file share equal values (codec.py), so each text is made once, not once per cell.
         self._rejections: dict[tuple[int, int], str] = {}
         self._notes: dict[tuple[Any, ...], str | None] = {}
-        #: What views built from this model keep for the next rendering (``build_backends_view``).
+        #: What is computed once per model (``state_notes``, ``keys``, ``build_backends_view``).
         self.cache: dict[str, Any] = {}
 
     @property
     def states(self) -> dict[int, str]:
         """``id(record)`` → ``cell_state(record)`` for every cell, computed once."""
         if len(self._states) != len(self.cells):
-            self._states = {id(c): cell_state(c) for c in self.cells}
+            self._states = {i: sn[0] for i, sn in self.state_notes.items()}
         return self._states
+
+    @property
+    def state_notes(self) -> dict[int, tuple[str, str | None]]:
+        """``id(record)`` → ``(cell_state(record), state_note(record, state))`` for every cell,
+        made once per distinct set of the values they read."""
+        cached = self.cache.get("state_notes")
+        if cached is None or len(cached) != len(self.cells):
+            made: dict[tuple[Any, ...], tuple[str, str | None]] = {}
+            cached = {}
+            for c in self.cells:
+                reason = c.get("reason")
+                key = (c.get("verdict"), id(c.get("outcome")), id(c.get("expectation")),
+                       reason if isinstance(reason, str) else id(reason), id(c.get("kernel")))
+                sn = made.get(key)
+                if sn is None:
+                    state = cell_state(c)
+                    sn = made[key] = (state, state_note(c, state))
+                cached[id(c)] = sn
+            self.cache["state_notes"] = cached
+        return cached
+
+    @property
+    def keys(self) -> dict[int, tuple[Any, ...]]:
+        """``id(record)`` → its coordinates on ``self.axes``, in order (None where it has none)."""
+        cached = self.cache.get("keys")
+        if cached is None or len(cached) != len(self.cells):
+            axes = list(self.axes)
+            cached = self.cache["keys"] = {id(c): tuple(map((c.get("coords") or {}).get, axes)) for c in self.cells}
+        return cached
+
+    def picker(self, axes: Sequence[str]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+        """A function from a record's ``keys`` entry to its coordinates on ``axes``."""
+        index = list(self.axes)
+        positions = [index.index(a) for a in axes]
+        if len(positions) == 1:
+            (only,) = positions
+            return lambda key: (key[only],)
+        if not positions:
+            return lambda key: ()
+        return operator.itemgetter(*positions)
 
     def state(self, record: Mapping[str, Any]) -> str:
         """``cell_state(record)``, computed once per record of this document."""
@@ -360,10 +401,10 @@ class ReportModel:
                tables: Sequence[str] | None = None) -> tuple[list[Table], list[str], list[str], list[str], list[str]]:
         t_axes, r_axes, c_axes, hidden = self.layout(rows, cols, tables)
         by_table: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[tuple[Any, ...], list]]] = {}
+        keys, t_of, r_of, c_of = self.keys, self.picker(t_axes), self.picker(r_axes), self.picker(c_axes)
         for cell in self.feature_cells:  # probes are listed under "Input validation" instead
-            get = (cell.get("coords") or {}).get
-            by_table.setdefault(tuple(map(get, t_axes)), {}).setdefault(tuple(map(get, r_axes)), {}).setdefault(
-                tuple(map(get, c_axes)), []).append(cell)
+            key = keys[id(cell)]
+            by_table.setdefault(t_of(key), {}).setdefault(r_of(key), {}).setdefault(c_of(key), []).append(cell)
         # Every row/column value of the axes shows, even where no cell was reported.
         all_rows = _product([self.feature_axes[a] for a in r_axes])
         all_cols = _product([self.feature_axes[a] for a in c_axes])
@@ -378,20 +419,25 @@ class ReportModel:
         if not records:
             return Summary(MISSING, SYMBOLS[MISSING], 0, 0, [], [])
         parts: dict[tuple[str, str | None], list[tuple[Any, ...]]] = {}
-        state_of, note_of = self.state, self.note
+        state_notes, keys, hidden_of = self.state_notes, self.keys, self.picker(hidden)
         for r in records:
-            state = state_of(r)
-            parts.setdefault((state, note_of(r, state)), []).append(tuple(map((r.get("coords") or {}).get, hidden)))
+            sn = state_notes.get(id(r))
+            if sn is None:  # a record of another document
+                state = cell_state(r)
+                sn = (state, state_note(r, state))
+            key = keys.get(id(r))
+            point = hidden_of(key) if key is not None else tuple(map((r.get("coords") or {}).get, hidden))
+            parts.setdefault(sn, []).append(point)
+        total = len(records)
+        if len(parts) == 1:  # most table cells: one state, one note
+            ((state, text),) = parts
+            refs = [notes.ref(text)] if text else []
+            return Summary(state, SYMBOLS[state], total if state in ACCEPTED_STATES else 0, total, refs, records)
         universe = [t for ts in parts.values() for t in ts]
-        states = Counter()
+        states: Counter = Counter()
         for (state, _), ts in parts.items():
             states[state] += len(ts)
         accepted = sum(states[s] for s in ACCEPTED_STATES)
-        total = len(records)
-        if len(parts) == 1:
-            ((state, text),) = parts
-            refs = [notes.ref(text)] if text else []
-            return Summary(state, SYMBOLS[state], accepted, total, refs, list(records))
 
         def entry(state: str, text: str | None, ts: list[tuple[Any, ...]]) -> str:
             where = describe_coords(hidden, ts, universe, self.order)

@@ -39,6 +39,9 @@ def odd_records():
     cells[3]["traceback"] = TRACEBACK
     cells[4]["reason"] = "1"  # a string that looks like a reference
     cells[5]["coords"] = dict(cells[5]["coords"], tp=8)
+    # values that compare equal in Python but are different JSON: each stored as itself
+    for c, twin in zip(cells, [{"v": 1}, {"v": True}, {"v": 1.0}, {"v": 0.0}, {"v": -0.0}, {"v": [1, "1"]}]):
+        c["twin"] = twin
     return doc["run"], cells
 
 
