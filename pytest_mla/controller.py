@@ -11,6 +11,7 @@ recovered from its node id. Building the documents and the summary is
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -56,7 +57,9 @@ class ResultCollector:
         self.streams: dict[Path, ResultStream | None] = {}  # None: the file could not be opened
         self.heads: dict[Path, dict[str, Any]] = {}  # matrix file → run_head, computed once
         self.selected: dict[Path, int] = {}  # matrix file → its cells in this session (when known)
-        self.volatile: dict[str, dict[str, Any]] = {}  # node id → the record's volatile facts
+        # node id → the record's volatile facts: its duration alone (most cells), or a dict of them
+        # (a float is not an object the garbage collector must walk; a dict per cell would be)
+        self.volatile: dict[str, Any] = {}
 
     # -- xdist -----------------------------------------------------------------------
     @pytest.hookimpl(optionalhook=True)
@@ -83,20 +86,22 @@ class ResultCollector:
             return
         record = getattr(report, RECORD_ATTR, None)
         if record is not None:
-            self.keep(report.nodeid, record)
+            # The report (pytest keeps every one) holds the record as written from now on: the
+            # worker's copy and its values go at once, not after living through the whole session.
+            setattr(report, RECORD_ATTR, self.keep(report.nodeid, record))
             return
         if report.failed and report.nodeid not in self.records:
             recovered = self.recover(report.nodeid, _longrepr_line(report))
             if recovered is not None:
                 self.keep(report.nodeid, recovered)
 
-    def keep(self, nodeid: str, record: CellRecord) -> None:
+    def keep(self, nodeid: str, record: CellRecord) -> CellRecord:
         """Hold a finished record and write it to its matrix's result file now; its volatile
         facts (durations) go to the run-facts side file instead."""
         kept, facts = split_volatile(record)
         kept["nodeid"] = nodeid
         if facts:
-            self.volatile[nodeid] = facts
+            self.volatile[nodeid] = facts["duration_s"] if facts.keys() == {"duration_s"} else facts
         stream = self.stream(nodeid)
         if stream is not None:
             try:
@@ -107,6 +112,14 @@ class ResultCollector:
             except OSError as exc:  # a full disk: keep the cells in memory, write them at the end
                 self.drop_stream(stream, exc)
         self.records[nodeid] = kept  # type: ignore[assignment]  # the record as written
+        return kept  # type: ignore[return-value]
+
+    def facts(self, nodeid: str) -> dict[str, Any] | None:
+        """The volatile facts ``keep`` set aside for a cell's record."""
+        if nodeid not in self.volatile:
+            return None
+        facts = self.volatile[nodeid]
+        return facts if isinstance(facts, dict) else {"duration_s": facts}
 
     def stream(self, nodeid: str) -> ResultStream | None:
         """The open result file of the matrix this node id belongs to (opened by its first cell)."""
@@ -210,6 +223,17 @@ class ResultCollector:
     # -- writing ---------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # Building and rendering the documents makes many short-lived objects and no garbage
+        # cycles: the cyclic collector, paused, does not walk the whole session for them.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.finish(session, exitstatus)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def finish(self, session: pytest.Session, exitstatus: int) -> None:
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.interrupted = True
         strict = self.run.settings.strict_coverage
@@ -279,7 +303,7 @@ class ResultCollector:
         facts = json_safe({"started": self.started, "finished": run_document.now(),  # an argv byte: escaped
                            "git_commit": run_document.git_commit(self.config.rootpath),
                            "args": list(self.config.invocation_params.args)})
-        per_cell = {c["id"]: self.volatile[c["nodeid"]] for c in cells if c.get("nodeid") in self.volatile}
+        per_cell = {c["id"]: self.facts(c["nodeid"]) for c in cells if c.get("nodeid") in self.volatile}
         write_run_facts(run_facts_path(path), path, facts, per_cell)
 
     def coverage_unknown(self) -> dict[str, str]:
@@ -385,7 +409,7 @@ class ResultCollector:
         if not self.records:
             return
         documents = [self._document_for_summary(file) for file in self.run.files]
-        records = [with_volatile(r, self.volatile.get(nodeid)) for nodeid, r in self.records.items()]
+        records = [with_volatile(r, self.facts(nodeid)) for nodeid, r in self.records.items()]
         lines = build_summary(records, [d for d in documents if d is not None],
                               verbosity=self.config.get_verbosity(),
                               baseline=self.run.settings.baseline if self.run.baseline is not None else None,

@@ -87,7 +87,9 @@ class Matrix:
             return self._expectations[key]
         except KeyError:
             expect = decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
-            self._expectations[key] = expect
+            # Equal expectations are one object: thousands of cells share a handful (less to keep,
+            # less for the garbage collector to walk through on every full collection).
+            expect = self._expectations[key] = self._expectations.setdefault(expect, expect)
             return expect
         except TypeError:  # an unhashable version object
             return decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
@@ -100,7 +102,8 @@ class Matrix:
         return operator.attrgetter(*axes) if axes else (lambda cell: ())
 
     @functools.cached_property
-    def _expectations(self) -> dict[tuple[Any, ...], Expectation]:
+    def _expectations(self) -> dict[Any, Expectation]:
+        """(rule axes' values, version) → expectation, and each distinct expectation → itself."""
         return {}
 
     def describes(self, engine_version: str | None) -> bool:
