@@ -7,17 +7,27 @@ A *slot* is how a value is written where it is used:
 - a string, a float, ``true``, ``false`` or ``null`` is itself;
 - an array is an array of slots; an object is an object whose values are slots.
 
-An entry of the table is written the same way, except that an integer or a
-string entry is that integer or string. So any JSON value travels losslessly
-(integers always through the table, which keeps them apart from references),
-and the writer alone decides what is shared: ``Encoder`` puts every string,
-integer, array and object into the table once and refers to it after that,
-except the values of ``INLINE_KEYS`` (unique to a cell) and the coordinates.
+An entry of the table is any JSON value: a string, a number, ``true``,
+``false`` or ``null`` is itself; an array or an object has slots for
+elements. So any JSON value travels losslessly (integers always through the
+table, which keeps them apart from references), and the writer alone decides
+what is shared: ``Encoder`` puts every string, integer, ``null``, boolean,
+array and object into the table once and refers to it after that.
 
 A cell is ``[shape, slot, slot, ...]``: ``shape`` refers to an array of its
-keys, in order; a key written ``[name, [k1, k2, ...]]`` stands for an object
-under ``name`` whose values (for keys k1, k2, ...) follow as slots of their own
-(the coordinates are written so, without repeating their names).
+keys, in order. A key is written
+
+- ``"name"``: its value is the next slot;
+- ``["name", ["k1", "k2", ...]]``: an object whose values (for ``k1``,
+  ``k2``, ...) are the next slots (the coordinates, without their names);
+- ``{"derive": "name", "join": "/", "prefix": ""}``: no slot; the value is
+  ``prefix`` followed by the cell-id parts of the record's ``coords``
+  (``dcp4``, ``page64``, ``tp8``, ``kv-fp8_e4m3``, the others as they are)
+  joined by ``join``. The writer derives ``id`` and ``nodeid`` so when they
+  are what that gives, and writes them as strings when not.
+
+So a cell of a run is a handful of references: read back by one C-level
+lookup per slot, not a Python test per value.
 
 Table entries are defined before the first cell that uses them, in lines
 ``{"values": [...]}`` between the cells, so the file can be written and read
@@ -33,10 +43,13 @@ import json
 import os
 from typing import Any, Iterable, Mapping
 
-__all__ = ["Encoder", "Decoder", "CodecError", "INLINE_KEYS", "FLAT_KEYS"]
+from ..core.cells import format_part
 
-#: Cell keys whose values are unique to a cell: written in the cell line, not in the table.
-INLINE_KEYS = frozenset({"id", "nodeid"})
+__all__ = ["Encoder", "Decoder", "CodecError", "DERIVED_KEYS", "FLAT_KEYS"]
+
+#: Cell keys whose values are derived from the coordinates when they can be: key → (join, prefix
+#: of the value itself): ``id`` = ``model/backend/dcp4/...``, ``nodeid`` = ``path::model-backend-dcp4-...``.
+DERIVED_KEYS = {"id": "/", "nodeid": "-"}
 #: Cell keys whose object values are written flat in the cell line, their keys in the shape.
 FLAT_KEYS = frozenset({"coords"})
 
@@ -77,6 +90,9 @@ class Encoder:
         self._ints: dict[int, int] = {}
         self._containers: dict[str, int] = {}  # an entry's JSON text → its index
         self._keyed: dict[Any, int] = {}  # a container's ``_value_key`` → its index
+        self._constants: dict[Any, int] = {}  # None, True, False → its index (no 1 or 0 among the keys)
+        self._parts: dict[str, dict[Any, str]] = {}  # axis → value → its cell-id part
+        self._part_tables: dict[tuple[str, ...], tuple[dict[Any, str], ...]] = {}  # coords' axes → their tables
         self._shapes: dict[tuple[Any, ...], int] = {}  # (keys, flat keys) → the shape's index
         self._objects: list[Any] = []  # index → the shared value
         self._fresh: list[str] = []
@@ -116,8 +132,11 @@ class Encoder:
             if index is None:
                 index = self._ints[value] = self._define(str(value), value)
             return index
-        if value is None or kind is bool:
-            return value
+        if value is None or kind is bool:  # in the table too: a cell of references reads back at C speed
+            index = self._constants.get(value)
+            if index is None:
+                index = self._constants[value] = self._define(_dumps(value), value)
+            return index
         if kind is float:
             if value != value or value in (_INF, -_INF):
                 raise ValueError(f"not a JSON number: {value!r}")
@@ -155,31 +174,64 @@ class Encoder:
         slot, objects = self.slot, self._objects
         slots: list[Any] = [None]
         canonical: dict[str, Any] = {}
-        flat: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        layout: list[tuple[Any, ...]] = []  # per key: ("slot",), ("flat", keys) or ("derive", join, prefix)
+        parts = self._cell_parts(record.get("coords"))
         for key, value in record.items():
-            if key in INLINE_KEYS and type(value) is str:
-                slots.append(value)
-                canonical[key] = value
-            elif key in FLAT_KEYS and type(value) is dict and value:
+            join = DERIVED_KEYS.get(key)
+            if join is not None and parts is not None and type(value) is str:
+                derived = join.join(parts)
+                if value.endswith(derived):  # what the coordinates give, after a prefix (a path::)
+                    layout.append(("derive", join, value[:len(value) - len(derived)]))
+                    canonical[key] = value
+                    continue
+            if key in FLAT_KEYS and type(value) is dict and value and _STR.issuperset(map(type, value)):
                 sub = {}
                 for k, v in value.items():
                     s = slot(v)
                     slots.append(s)
                     sub[k] = objects[s] if type(s) is int else s
-                flat += ((key, tuple(value)),)
+                layout.append(("flat", tuple(value)))
                 canonical[key] = sub
             else:
                 s = slot(value)
                 slots.append(s)
                 canonical[key] = objects[s] if type(s) is int else s
-        shape_key = (tuple(record), flat)
+                layout.append(("slot",))
+        shape_key = (tuple(record), tuple(layout))
         shape = self._shapes.get(shape_key)
         if shape is None:
-            subs = dict(flat)
-            shape = self._shapes[shape_key] = self._container(
-                [[k, list(subs[k])] if k in subs else _key(k) for k in record], list)
+            shape = self._shapes[shape_key] = self._container([_shape_key(k, how) for k, how in zip(record, layout)],
+                                                              list)
         slots[0] = shape
         return _dumps(slots), canonical
+
+    def _cell_parts(self, coords: Any) -> list[str] | None:
+        """The cell-id parts of a record's coordinates (None: no coordinates to derive from)."""
+        if type(coords) is not dict or not coords:
+            return None
+        axes = tuple(coords)
+        tables = self._part_tables.get(axes)
+        if tables is None:
+            if not _STR.issuperset(map(type, axes)):
+                return None
+            tables = self._part_tables[axes] = tuple(self._parts.setdefault(axis, {}) for axis in axes)
+        try:
+            return list(map(dict.__getitem__, tables, coords.values()))
+        except KeyError:
+            for axis, value, table in zip(axes, coords.values(), tables):
+                if value not in table:
+                    table[value] = format_part(axis, value)
+            return list(map(dict.__getitem__, tables, coords.values()))
+        except TypeError:  # an unhashable coordinate
+            return None
+
+
+def _shape_key(key: Any, how: tuple[Any, ...]) -> Any:
+    if how[0] == "flat":
+        return [key, list(how[1])]
+    if how[0] == "derive":
+        return {"derive": key, "join": how[1], "prefix": how[2]}
+    return _key(key)
 
 
 class Decoder:
@@ -187,7 +239,8 @@ class Decoder:
 
     def __init__(self) -> None:
         self.values: list[Any] = []
-        self._plans: dict[int, list[tuple[str, tuple[str, ...] | None]]] = {}
+        self._plans: dict[int, _Plan] = {}
+        self._parts: dict[str, dict[Any, str]] = {}  # axis → value → its cell-id part
 
     def add_values(self, entries: Iterable[Any]) -> None:
         values = self.values
@@ -197,11 +250,10 @@ class Decoder:
                 values.append({k: self.value(s) for k, s in entry.items()})
             elif kind is list:
                 values.append([self.value(s) for s in entry])
-            elif kind is str or kind is int:
+            elif kind in _ENTRY_SCALARS:
                 values.append(entry)
             else:
-                raise CodecError(f"values[{len(values)}]: a table entry must be a string, an integer, an array "
-                                 f"or an object, got {entry!r}")
+                raise CodecError(f"values[{len(values)}]: not a JSON value: {entry!r}")
 
     def value(self, slot: Any) -> Any:
         """The value a slot stands for."""
@@ -220,9 +272,7 @@ class Decoder:
             return {k: self.value(s) for k, s in slot.items()}
         return slot
 
-    def _plan(self, ref: Any) -> tuple[tuple[str, ...], tuple[tuple[int, tuple[str, ...]], ...], int]:
-        """``(keys, flats, width)`` of a shape: the record's keys, where each flat object's values
-        start in a cell and its keys (the last object first), and how many values a cell has."""
+    def _plan(self, ref: Any) -> "_Plan":
         plan = self._plans.get(ref) if type(ref) is int else None
         if plan is not None:
             return plan
@@ -231,6 +281,7 @@ class Decoder:
             raise CodecError(f"a cell's first element must refer to its keys (an array), got {shape!r}")
         keys: list[str] = []
         flats: list[tuple[int, tuple[str, ...]]] = []
+        derived: list[tuple[str, str, str]] = []
         width = 0
         for key in shape:
             if type(key) is str:
@@ -241,11 +292,22 @@ class Decoder:
                 keys.append(key[0])
                 flats.append((width, tuple(key[1])))  # where its values start in the cell
                 width += len(key[1])
+            elif (isinstance(key, dict) and type(key.get("derive")) is str and type(key.get("join")) is str
+                  and type(key.get("prefix", "")) is str):
+                derived.append((key["derive"], key["join"], key.get("prefix", "")))
             else:
                 raise CodecError(f"bad key in a cell's shape: {key!r}")
-        if len(set(keys)) != len(keys):
-            raise CodecError(f"a cell's shape repeats a key: {keys!r}")
-        plan = (tuple(keys), tuple(reversed(flats)), width)
+        names = keys + [d[0] for d in derived]
+        if len(set(names)) != len(names):
+            raise CodecError(f"a cell's shape repeats a key: {names!r}")
+        order = tuple(k if type(k) is str else (k[0] if isinstance(k, list) else k["derive"]) for k in shape)
+        coords = next(((start, sub, tuple(self._parts.setdefault(axis, {}) for axis in sub))
+                       for (start, sub), key in zip(flats, [k[0] for k in shape if isinstance(k, list)])
+                       if key == "coords"), None)
+        if derived and coords is None:
+            raise CodecError("a cell's shape derives a key but has no flat coords to derive it from")
+        plan = _Plan(tuple(keys), tuple(reversed(flats)), width,
+                     tuple((order.index(name), join, prefix) for name, join, prefix in derived), order, coords)
         if type(ref) is int:
             self._plans[ref] = plan
         return plan
@@ -254,27 +316,66 @@ class Decoder:
         """The record of a parsed cell line."""
         if type(line) is not list or not line:
             raise CodecError(f"a cell must be a non-empty array, got {str(line)[:60]}")
-        keys, flats, width = self._plan(line[0])
-        if len(line) != width + 1:
-            raise CodecError(f"a cell with {len(line) - 1} values for {width} keys")
-        values, other, literal = self.values, self.value, _LITERALS
-        try:
-            resolved = [values[s] if type(s) is int and s >= 0 else s if type(s) in literal else other(s)
-                        for s in line[1:]]
-        except IndexError:
-            bad = next(s for s in line[1:] if type(s) is int and s >= len(values))
-            raise CodecError(f"reference to values[{bad}], which is not defined yet "
-                             f"({len(values)} values so far)") from None
-        for start, sub in flats:  # the last first: folding one leaves the earlier starts in place
+        plan = self._plans.get(line[0]) if type(line[0]) is int else None
+        if plan is None:
+            plan = self._plan(line[0])
+        if len(line) != plan.width + 1:
+            raise CodecError(f"a cell with {len(line) - 1} values for {plan.width} keys")
+        slots = line[1:]
+        resolved = None
+        if _INT.issuperset(map(type, slots)) and min(slots, default=0) >= 0:
+            try:  # the cells a run writes: references only, read at C speed
+                resolved = list(map(self.values.__getitem__, slots))
+            except IndexError:
+                pass  # a reference to a value not defined yet: said below
+        if resolved is None:  # literals, inline containers (other writers), or a bad reference
+            resolved = [self.value(s) for s in slots]
+        parts = self._parts_of(plan, resolved) if plan.derived else None
+        for start, sub in plan.flats:  # the last first: folding one leaves the earlier starts in place
             resolved[start:start + len(sub)] = (dict(zip(sub, resolved[start:start + len(sub)])),)
-        return dict(zip(keys, resolved))
+        if parts is None:
+            return dict(zip(plan.keys, resolved))
+        for position, join, prefix in plan.derived:  # in order: each goes where the shape has it
+            resolved.insert(position, prefix + join.join(parts))
+        return dict(zip(plan.order, resolved))
+
+    def _parts_of(self, plan: "_Plan", resolved: list[Any]) -> list[str]:
+        """The cell-id parts of a cell's coordinates, from its flat values (before folding)."""
+        if plan.coords is None:
+            raise CodecError("a derived key, but no flat coordinates to derive it from")
+        start, axes, tables = plan.coords
+        values = resolved[start:start + len(axes)]
+        try:
+            return list(map(dict.__getitem__, tables, values))
+        except KeyError:
+            for axis, value, table in zip(axes, values, tables):
+                if value not in table:
+                    table[value] = format_part(axis, value)
+            return list(map(dict.__getitem__, tables, values))
+        except TypeError:
+            raise CodecError(f"coordinates that cannot make a cell id: {values!r}") from None
+
+
+class _Plan:
+    """How a shape's cells read: keys with a slot (flat objects as one), where flat objects start
+    (last first), how many slots, the derived keys (where they go, join, prefix), the record's key
+    order, and its flat coordinates."""
+
+    __slots__ = ("keys", "flats", "width", "derived", "order", "coords")
+
+    def __init__(self, keys: tuple[str, ...], flats: tuple[tuple[int, tuple[str, ...]], ...], width: int,
+                 derived: tuple[tuple[int, str, str], ...], order: tuple[str, ...],
+                 coords: tuple[int, tuple[str, ...], tuple[dict[Any, str], ...]] | None) -> None:
+        self.keys, self.flats, self.width, self.derived, self.order = keys, flats, width, derived, order
+        self.coords = coords  # where the flat coordinates start, their axes, each axis's value → part
 
 
 _INF = float("inf")
 _PLAIN = frozenset({str, int, type(None)})
 _STR = frozenset({str})
-#: Slot types that stand for themselves.
-_LITERALS = frozenset({str, float, bool, type(None)})
+_INT = frozenset({int})
+#: Table entries that are themselves.
+_ENTRY_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _value_key(value: Any) -> Any:

@@ -70,6 +70,7 @@ def test_repeated_values_are_stored_once(tmp_path):
     assert text.count("line 39, in f") == 1
     assert text.count("TritonAttnBackend.forward_decode") == 1
     assert text.count('"expectation"') == 1  # record keys once, in the cells' shape
+    assert doc["cells"][7]["id"] not in text and doc["cells"][7]["nodeid"] not in text  # derived from coords
     plain = json.dumps(doc, indent=1, ensure_ascii=False)  # what version 1 wrote
     assert len(text) < len(plain) / 5
     assert exact(read_results(path)["cells"]) == exact(doc["cells"])
@@ -157,6 +158,27 @@ def test_a_finished_stream_is_the_same_file_as_one_written_at_once(tmp_path):
     assert streamed.read_bytes() == whole.read_bytes()
     empty = ResultStream(tmp_path / "e.json", split_run(doc["run"])[0]).finish({"complete": False})
     assert read_results(empty)["cells"] == [] and read_results(empty)["run"]["complete"] is False
+
+
+def test_cells_of_other_writers_read_the_same(tmp_path):
+    """Literals and inline containers where this writer puts references; keys that are derived."""
+    doc = make_document()
+    text = results_text(doc["run"], doc["cells"][:1])
+    head, tail = text.split('"cells":[\n', 1)
+    cells = ('{"values":[["id","verdict","coords","notes","ok","nodeid"],1]},\n'  # 0: keys, 1: the integer 1
+             '[0,"a/b","pass",{"model":"deepseek-v3","backend":"triton","dcp":1,"spec":"none","arch":"sm90"},'
+             '[1.5,null,{"x":[false]}],true,"m.toml::x"],\n'
+             '{"values":[[{"derive":"id","join":"/","prefix":""},"verdict",["coords",["model","dcp"]],'
+             '{"derive":"nodeid","join":"-","prefix":"m.toml::"}],"pass","k2",7]},\n'
+             '[2,3,4,5]\n],' + tail.split("],", 1)[1])
+    path = tmp_path / "other.json"
+    path.write_text(head + '"cells":[\n' + cells, encoding="utf-8")
+    first, second = read_results(path)["cells"]
+    assert exact(first) == exact({"id": "a/b", "verdict": "pass", "coords": {"model": "deepseek-v3", "backend": "triton",
+                                  "dcp": 1, "spec": "none", "arch": "sm90"}, "notes": [1.5, None, {"x": [False]}],
+                                  "ok": True, "nodeid": "m.toml::x"})
+    assert exact(second) == exact({"id": "k2/dcp7", "verdict": "pass", "coords": {"model": "k2", "dcp": 7},
+                                   "nodeid": "m.toml::k2-dcp7"})
 
 
 def test_a_reference_to_an_undefined_value_is_one_line(tmp_path):
