@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import html
 import json
 import os
@@ -86,7 +87,8 @@ def output_format(fmt: str | None, out: str | None) -> str:
 
 
 def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: list[str] | None,
-           view: str | None = None) -> str:
+           view: str | None = None, model: Any = None) -> str:
+    """``document`` rendered as ``fmt`` (``model``: its ``ReportModel``, shared between renderings)."""
     if fmt == "json":
         if view is not None or rows or cols:
             raise CliError("--view/--rows/--cols shape a rendering; --format json writes the result document as is")
@@ -97,11 +99,11 @@ def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: lis
         if fmt == "md":
             from .report.markdown import render_markdown
 
-            return render_markdown(document, rows, cols, view=view or "all")
+            return render_markdown(document, rows, cols, view=view or "all", model=model)
         if fmt == "html":
             from .report.html import render_html
 
-            return render_html(document, view=view or "all")
+            return render_html(document, view=view or "all", model=model)
         from .report.terminal import render_terminal
 
         if rows or cols:
@@ -113,16 +115,29 @@ def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: lis
 
 # -- subcommands ---------------------------------------------------------------------
 def cmd_render(args: argparse.Namespace) -> int:
-    fmt = output_format(args.format, args.output)
+    outputs = args.output or [None]
+    if len(outputs) > 1:  # one read, one model, several files (what a run writes: Markdown and HTML)
+        if args.format is not None:
+            raise CliError("several -o: each file's format comes from its suffix; drop --format")
+        if "-" in outputs:
+            raise CliError("several -o: each must be a file (- is standard output, for one rendering)")
+        repeated = next((o for i, o in enumerate(outputs) if o in outputs[:i]), None)
+        if repeated is not None:
+            raise CliError(f"-o {repeated} is given twice")
+    formats = [output_format(args.format, out) for out in outputs]
     document = _read(args.result)
-    text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view)
-    if fmt == "json" and args.output not in (None, "-"):
-        try:
-            write_results(args.output, document["run"], document["cells"])
-        except OSError as exc:
-            raise cannot_write(args.output, exc) from None
-    else:
-        _write(text, args.output)
+    from .report.model import ReportModel
+
+    model = ReportModel(document)
+    for fmt, out in zip(formats, outputs):
+        text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view, model=model)
+        if fmt == "json" and out not in (None, "-"):
+            try:
+                write_results(out, document["run"], document["cells"])
+            except OSError as exc:
+                raise cannot_write(out, exc) from None
+        else:
+            _write(text, out)
     return 0
 
 
@@ -430,7 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("result", metavar="RESULT.json", help="a result file, or - for standard input")
     r.add_argument("--format", "-f", choices=FORMATS, default=None,
                    help="output format (default: from the -o suffix .md/.html/.json/.txt; md on stdout)")
-    r.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
+    r.add_argument("-o", "--output", metavar="OUT", action="append", default=None,
+                   help="output file (default: stdout); repeat it to write several formats from one read of "
+                        "the result file (-o page.md -o page.html)")
     r.add_argument("--view", choices=VIEWS, default=None,
                    help="backends: one row per backend, one column per feature (what engine docs publish); "
                         "grid: backend × arch · spec tables; all: both (default for md and html; "
@@ -512,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # One command over one document: it makes no garbage cycles worth a collection, and with a
+    # million cells the cyclic collector would walk them all, again and again, for nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         return int(args.func(args))
     except CliError as exc:
@@ -531,6 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" in {', '.join(files)}" if files else ""
         print(f"{PROG}: error: malformed result data{where} ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 __all__ = ["main", "build_parser"]

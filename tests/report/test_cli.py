@@ -191,3 +191,15 @@ def test_explain_suggests_the_nearest_cell(tmp_path, capsys, given, nearest):
     assert main(["explain", matrix, given]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.rstrip().endswith(f"; did you mean {nearest}?")
+
+
+def test_render_writes_several_formats_from_one_read(run_dir, tmp_path, capsys):
+    result = str(run_dir / "m.json")
+    md, page = tmp_path / "both.md", tmp_path / "both.html"
+    assert main(["render", result, "-o", str(md), "-o", str(page)]) == 0
+    assert md.read_text(encoding="utf-8") == (run_dir / "m.md").read_text(encoding="utf-8")
+    assert page.read_text(encoding="utf-8") == (run_dir / "m.html").read_text(encoding="utf-8")
+    assert main(["render", result, "-o", str(md), "-o", str(page), "--format", "md"]) == 2
+    assert "several -o: each file's format comes from its suffix; drop --format" in capsys.readouterr().err
+    assert main(["render", result, "-o", str(md), "-o", "-"]) == 2
+    assert "several -o: each must be a file" in capsys.readouterr().err
