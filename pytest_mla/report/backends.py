@@ -206,10 +206,14 @@ def _build_backends_view(model: ReportModel) -> BackendsView:
         models = [m for m, kind in kinds.items() if kind is mla]
         if not models:
             continue
-        cells = [c for c in model.feature_cells if (c.get("coords") or {}).get("model") in models]
+        wanted, keys, axes = set(models), model.keys, list(model.axes)
+        at_model = axes.index("model") if "model" in axes else None
+        at_backend = axes.index("backend") if "backend" in axes else None
         by_backend: dict[Any, list[Mapping[str, Any]]] = {}
-        for c in cells:
-            by_backend.setdefault(c["coords"].get("backend"), []).append(c)
+        for c in model.feature_cells:
+            key = keys[id(c)]
+            if at_model is not None and key[at_model] in wanted:
+                by_backend.setdefault(key[at_backend] if at_backend is not None else None, []).append(c)
         backends = [b for b in model.feature_axes.get("backend", []) if b in by_backend]
         states = model.states
         served = [b for b in backends if any(states[id(c)] != REJECTED for c in by_backend[b])]
@@ -292,25 +296,22 @@ def _columns(model: ReportModel, plain: Mapping[str, Any]) -> list[Column]:
 class _Twins:
     """Which configurations of one row the engine accepted, for the plain-twin lookups."""
 
-    def __init__(self, axes: Sequence[str], cells: Sequence[Mapping[str, Any]],
-                 keys: Mapping[int, tuple[Any, ...]] | None = None) -> None:
-        self.axes = list(axes)
+    def __init__(self, model: ReportModel, cells: Sequence[Mapping[str, Any]]) -> None:
+        self.axes = list(model.axes)
         self.index = {a: i for i, a in enumerate(self.axes)}
         self.accepted: set[tuple[Any, ...]] = set()
-        self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES if a in axes}
-        # ``keys``: the model's (``ReportModel.keys``: the same axes, in the same order)
-        self.keys = keys if keys is not None else {id(c): self.key(c["coords"]) for c in cells}
+        self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES
+                                                                          if a in self.index}
+        self.keys = model.keys  # the same axes, in the same order
+        accepted_ids = model.accepted_ids
         for c in cells:
-            if (c.get("outcome") or {}).get("kind") != ACCEPTED:
+            if id(c) not in accepted_ids:
                 continue
             key = self.keys[id(c)]
             self.accepted.add(key)
             for a, index in self.accepted_any.items():
                 i = self.index[a]
                 index.setdefault(key[:i] + key[i + 1:], set()).add(key[i])
-
-    def key(self, coords: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(map(coords.get, self.axes))
 
     def plain_accepted(self, key: tuple[Any, ...], axis: str, plain: Mapping[str, Any]) -> bool:
         """Whether the twin of the cell ``key`` with ``axis`` reset was accepted (no plain value: yes)."""
@@ -325,7 +326,7 @@ class _Twins:
 
 def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
          plain: Mapping[str, Any], notes: Notes) -> Row:
-    twins = _Twins(list(model.axes), cells, model.keys)
+    twins = _Twins(model, cells)
     states = model.states
     accepted = [c for c in cells if states[id(c)] in (VERIFIED, EMULATED, ACCEPTED)]
     row_refs = tuple(_engine_note_refs(model, accepted, notes))  # numbered first: the name comes first
@@ -345,7 +346,7 @@ def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], colum
         for i in members[k]:
             chosen[i].append(c)
     entries = [_entry(model, chosen[i], column, twins, plain, notes) for i, column in enumerate(columns)]
-    verified, verified_refs = _verified_on(cells, notes)
+    verified, verified_refs = _verified_on(model, cells, notes)
     return Row(backend, row_refs, tuple(entries), verified, verified_refs)
 
 
@@ -387,8 +388,9 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
     all_states = model.states
     if column.reset:
         keys, reset, plain_accepted = twins.keys, column.reset, twins.plain_accepted
+        accepted_ids = model.accepted_ids
         counted = [c for c in cells
-                   if (c.get("outcome") or {}).get("kind") == ACCEPTED or all_states[id(c)] in (BAD, XFAIL)
+                   if id(c) in accepted_ids or all_states[id(c)] in (BAD, XFAIL)
                    or all(plain_accepted(keys[id(c)], axis, plain) for axis in reset)] or cells
     else:  # an arch column: every cell counts
         counted = cells
@@ -508,35 +510,35 @@ def _kernel_runs(cell: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [kernel] if isinstance(kernel, dict) else []
 
 
-def _verified_on(cells: Sequence[Mapping[str, Any]], notes: Notes) -> tuple[str, tuple[int, ...]]:
+def _verified_on(model: ReportModel, cells: Sequence[Mapping[str, Any]], notes: Notes) -> tuple[str, tuple[int, ...]]:
     """``interpreter · 12 of 36``: where kernels were verified, in how many accepted configurations;
     ``· 4 with emulated kernels`` where the engine's code ran around emulated ones; ``not run here:
     needs a GPU`` where none ran (never "0 of 72", which reads like 72 failures)."""
-    accepted = [c for c in cells if (c.get("outcome") or {}).get("kind") == ACCEPTED]
+    accepted_ids = model.accepted_ids
+    accepted = [c for c in cells if id(c) in accepted_ids]
     if not accepted:
         return "—", ()
     wheres: list[str] = []
     how: list[str] = []
     verified = emulated = failed = 0
     reasons: list[str] = []
+    seen = model.cache.setdefault("kernel_facts", {})  # the identity of a record's kernel values → facts
     for c in accepted:
-        runs = _kernel_runs(c)
-        if any(r.get("status") == KERNEL_FAILED for r in runs):
-            failed += 1
-        good = [r for r in runs if r.get("status") == VERIFIED]
-        if good:
-            if verified_state(c) == EMULATED:
+        kernel, runs = c.get("kernel"), c.get("kernel_runs")
+        facts = seen.get((id(kernel), id(runs)))
+        if facts is None:
+            facts = seen[(id(kernel), id(runs))] = _kernel_facts(c)
+        cell_failed, cell_emulated, cell_wheres, cell_how, cell_reasons = facts
+        failed += cell_failed
+        if cell_wheres is not None:  # verified runs
+            if cell_emulated:
                 emulated += 1
             else:
                 verified += 1
+            wheres += cell_wheres
+            how += cell_how
         else:
-            reasons += [str(r["reason"]) for r in runs if r.get("status") == "not-run" and r.get("reason")]
-        for r in good:
-            if r.get("where"):
-                wheres.append(str(r["where"]))
-            if r.get("function") or r.get("level"):
-                level = f" at the {r['level']} level" if r.get("level") else ""
-                how.append(f"{r.get('function') or 'the decode kernel'}{level}")
+            reasons += cell_reasons
     refs: tuple[int, ...] = ()
     if how:
         refs = (notes.ref("verified through " + "; ".join(dict.fromkeys(how))),)
@@ -565,6 +567,18 @@ def _not_run_text(reasons: Sequence[str], notes: Notes) -> tuple[str, tuple[int,
 
 #: A not-run reason that says the kernel needs a GPU this host does not have.
 _NEEDS_GPU = re.compile(r"\bGPU\b.*\bthis host (has no GPU|has none|is cpu|is interpreter)|needs an? \w+ GPU")
+
+
+def _kernel_facts(cell: Mapping[str, Any]) -> tuple[bool, bool, tuple[str, ...] | None, tuple[str, ...], list[str]]:
+    """(a kernel run failed, the verified runs all emulated, where they ran (None: none verified),
+    how they ran, why none ran): what "verified on" reads of one record's kernel values."""
+    runs = _kernel_runs(cell)
+    good = [r for r in runs if r.get("status") == VERIFIED]
+    how = tuple(f"{r.get('function') or 'the decode kernel'}" + (f" at the {r['level']} level" if r.get("level") else "")
+                for r in good if r.get("function") or r.get("level"))
+    reasons = [] if good else [str(r["reason"]) for r in runs if r.get("status") == "not-run" and r.get("reason")]
+    return (any(r.get("status") == KERNEL_FAILED for r in runs), bool(good) and verified_state(cell) == EMULATED,
+            tuple(str(r["where"]) for r in good if r.get("where")) if good else None, how, reasons)
 
 
 def _arch_order(where: str) -> int:
@@ -630,8 +644,12 @@ class _Space:
         return out
 
     def _key(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
-        key = self.model.keys.get(id(cell))
+        key = self._keys.get(id(cell))
         return key if key is not None else tuple(map((cell.get("coords") or {}).get, self.model.axes))
+
+    @functools.cached_property
+    def _keys(self) -> dict[int, tuple[Any, ...]]:
+        return self.model.keys
 
     @functools.cached_property
     def _pick(self) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:

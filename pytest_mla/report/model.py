@@ -288,6 +288,23 @@ class ReportModel:
         return cached
 
     @property
+    def accepted_ids(self) -> set[int]:
+        """``id(record)`` of every record whose engine accepted its configuration (``outcome.kind``)."""
+        cached = self.cache.get("accepted_ids")
+        if cached is None:
+            kinds: dict[int, bool] = {}  # id(outcome) → accepted
+            cached = set()
+            for c in self.cells:
+                outcome = c.get("outcome")
+                accepted = kinds.get(id(outcome))
+                if accepted is None:
+                    accepted = kinds[id(outcome)] = isinstance(outcome, Mapping) and outcome.get("kind") == ACCEPTED
+                if accepted:
+                    cached.add(id(c))
+            self.cache["accepted_ids"] = cached
+        return cached
+
+    @property
     def keys(self) -> dict[int, tuple[Any, ...]]:
         """``id(record)`` → its coordinates on ``self.axes``, in order (None where it has none)."""
         cached = self.cache.get("keys")
@@ -354,10 +371,18 @@ class ReportModel:
             return BUILTIN_MODELS[model].mla
         if self._case_mla is None:
             self._case_mla = {}
+            seen: set[tuple[int, Any]] = set()  # (kernel value, model) already looked at (records share them)
             for c in self.cells:
+                kernel = c.get("kernel")
+                if not kernel:
+                    continue
+                name = (c.get("coords") or {}).get("model")
+                if (id(kernel), name) in seen:
+                    continue
+                seen.add((id(kernel), name))
                 case = kernel_of(c).get("case")
                 if isinstance(case, dict) and isinstance(case.get("mla"), bool):
-                    self._case_mla.setdefault((c.get("coords") or {}).get("model"), case["mla"])
+                    self._case_mla.setdefault(name, case["mla"])
         return self._case_mla.get(model)
 
     def _axes(self) -> dict[str, list[Any]]:
