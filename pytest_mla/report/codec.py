@@ -111,6 +111,7 @@ class Encoder:
         if kind is str:
             index = self._strings.get(value)
             if index is None:
+                value.encode("utf-8")  # a lone surrogate: UnicodeEncodeError (a ValueError) before it is defined
                 index = self._strings[value] = self._define(_dumps(value), value)
             return index
         if kind is dict or kind is list:
