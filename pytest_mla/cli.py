@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import html
 import json
 import os
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .report.results import ResultFileError, parse_results, read_results, write_json_atomic, write_text_atomic
+from .report.results import ResultFileError, parse_results, read_results, results_text, write_results, write_text_atomic
 
 PROG = "pytest-mla"
 FORMATS = ("md", "html", "json", "terminal")
@@ -39,11 +40,12 @@ def _axes(text: str | None) -> list[str] | None:
 def _read(path: str) -> dict[str, Any]:
     """A result document from a file, or from standard input for ``-``."""
     try:
-        if path == "-":
-            return parse_results(sys.stdin.read(), "<stdin>")
-        return read_results(path)
+        document = parse_results(sys.stdin.read(), "<stdin>") if path == "-" else read_results(path)
     except ResultFileError as exc:
         raise CliError(str(exc)) from None
+    for warning in document.get("warnings") or ():  # a file cut short: what was read, what was lost
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    return document
 
 
 def _write(text: str, out: str | None) -> None:
@@ -85,22 +87,23 @@ def output_format(fmt: str | None, out: str | None) -> str:
 
 
 def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: list[str] | None,
-           view: str | None = None) -> str:
+           view: str | None = None, model: Any = None) -> str:
+    """``document`` rendered as ``fmt`` (``model``: its ``ReportModel``, shared between renderings)."""
     if fmt == "json":
         if view is not None or rows or cols:
             raise CliError("--view/--rows/--cols shape a rendering; --format json writes the result document as is")
-        return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+        return results_text(document["run"], document["cells"])  # the current schema version
     if fmt == "html" and (rows or cols):
         raise CliError("--rows/--cols apply to Markdown; the HTML page has its own row and column pickers")
     try:
         if fmt == "md":
             from .report.markdown import render_markdown
 
-            return render_markdown(document, rows, cols, view=view or "all")
+            return render_markdown(document, rows, cols, view=view or "all", model=model)
         if fmt == "html":
             from .report.html import render_html
 
-            return render_html(document, view=view or "all")
+            return render_html(document, view=view or "all", model=model)
         from .report.terminal import render_terminal
 
         if rows or cols:
@@ -112,16 +115,29 @@ def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: lis
 
 # -- subcommands ---------------------------------------------------------------------
 def cmd_render(args: argparse.Namespace) -> int:
-    fmt = output_format(args.format, args.output)
+    outputs = args.output or [None]
+    if len(outputs) > 1:  # one read, one model, several files (what a run writes: Markdown and HTML)
+        if args.format is not None:
+            raise CliError("several -o: each file's format comes from its suffix; drop --format")
+        if "-" in outputs:
+            raise CliError("several -o: each must be a file (- is standard output, for one rendering)")
+        repeated = next((o for i, o in enumerate(outputs) if o in outputs[:i]), None)
+        if repeated is not None:
+            raise CliError(f"-o {repeated} is given twice")
+    formats = [output_format(args.format, out) for out in outputs]
     document = _read(args.result)
-    text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view)
-    if fmt == "json" and args.output not in (None, "-"):
-        try:
-            write_json_atomic(args.output, document)
-        except OSError as exc:
-            raise cannot_write(args.output, exc) from None
-    else:
-        _write(text, args.output)
+    from .report.model import ReportModel
+
+    model = ReportModel(document)
+    for fmt, out in zip(formats, outputs):
+        text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view, model=model)
+        if fmt == "json" and out not in (None, "-"):
+            try:
+                write_results(out, document["run"], document["cells"])
+            except OSError as exc:
+                raise cannot_write(out, exc) from None
+        else:
+            _write(text, out)
     return 0
 
 
@@ -145,7 +161,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     except MergeError as exc:
         raise CliError(str(exc)) from None
     try:
-        write_json_atomic(args.output, merged)
+        write_results(args.output, merged["run"], merged["cells"])
     except OSError as exc:
         raise cannot_write(args.output, exc) from None
     conflicts = merged["run"].get("conflicts") or []
@@ -510,7 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("result", metavar="RESULT.json", help="a result file, or - for standard input")
     r.add_argument("--format", "-f", choices=FORMATS, default=None,
                    help="output format (default: from the -o suffix .md/.html/.json/.txt; md on stdout)")
-    r.add_argument("-o", "--output", metavar="OUT", default=None, help="output file (default: stdout)")
+    r.add_argument("-o", "--output", metavar="OUT", action="append", default=None,
+                   help="output file (default: stdout); repeat it to write several formats from one read of "
+                        "the result file (-o page.md -o page.html)")
     r.add_argument("--view", choices=VIEWS, default=None,
                    help="backends: one row per backend, one column per feature (what engine docs publish); "
                         "grid: backend × arch · spec tables; all: both (default for md and html; "
@@ -617,6 +635,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # One command over one document: it makes no garbage cycles worth a collection, and with a
+    # million cells the cyclic collector would walk them all, again and again, for nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         return int(args.func(args))
     except CliError as exc:
@@ -636,6 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" in {', '.join(files)}" if files else ""
         print(f"{PROG}: error: malformed result data{where} ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 __all__ = ["main", "build_parser"]

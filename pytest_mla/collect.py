@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -30,6 +31,19 @@ from .runner import run_key
 
 #: Attribute of the test report that carries the cell record (plain values) to the controller.
 RECORD_ATTR = "mla_cell"
+
+
+def record_text(record: CellRecord) -> str:
+    """A record as the JSON text xdist carries: ASCII (a lone surrogate travels as an escape), and
+    a hook's object, a NaN or a set made plain first (``json_safe``) when the record holds one."""
+    try:
+        return json.dumps(record, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False)
+
+
+def record_from_text(text: str) -> CellRecord:
+    return json.loads(text)
 
 
 class CellMismatch(AssertionError):
@@ -88,7 +102,9 @@ class CellItem(pytest.Item):
         run = self.config.stash[run_key]
         loaded = run.load(self.path)
         record = run.run_cell(loaded, self.cell, self.expectation)
-        self.config.hook.pytest_mla_cell_record(config=self.config, cell=self.cell, record=record)
+        amend = self.config.hook.pytest_mla_cell_record
+        if amend.get_hookimpls():  # most sessions have none: skip the call
+            amend(config=self.config, cell=self.cell, record=record)
         self.record = record
         if record["verdict"] == "skip":
             pytest.skip(record["reason"] or "skipped")
@@ -304,9 +320,9 @@ def finish_record(item: CellItem, report: pytest.TestReport, call: pytest.CallIn
         else:
             message = call.excinfo.exconly() if call.excinfo else "no result"
             record = crash_record(loaded.matrix.name, item.cell, item.expectation, f"harness error: {message}")
-    # Plain values only: xdist's transport and the JSON file take nothing else (a hook's object,
-    # an engine's message with a lone surrogate).
-    record = CellRecord(json_safe(record))
+    # Not made plain here (a walk of every record): what xdist carries is made plain when it is
+    # serialised (``record_text``), what the result file takes when it is written (the controller).
+    record = CellRecord(record)
     if hasattr(report, "wasxfail") and report.passed and known_bug_unchecked(record):
         # The known bug is one only the kernel check can show, and it did not run: an xpass
         # here would claim a fix nobody saw. The cell passes; its note says what was not checked.

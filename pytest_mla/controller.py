@@ -11,6 +11,7 @@ recovered from its node id. Building the documents and the summary is
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -27,7 +28,10 @@ from .core.plain import json_safe
 from .core.records import CellRecord, crash_record
 from .options import safe_stem_part
 from .report import run_document
-from .report.results import write_results, write_text_atomic
+from .report.results import (
+    ResultStream, run_facts_path, split_run, split_volatile, with_volatile, write_results, write_run_facts,
+    write_text_atomic,
+)
 from .report.summary import build_summary
 from .runner import KERNEL_CACHE_INPUT, LoadedMatrix, MatrixRun
 from .user_cells import USER_RECORD_ATTR
@@ -48,6 +52,14 @@ class ResultCollector:
         self.regressions: list[tuple[str, Any]] = []  # (matrix, Change) against --mla-baseline
         self.kernel_cache: str | None = None  # shared by xdist workers, made on first use
         self.user_tests: dict[tuple[str, str], dict[str, str]] = {}  # (matrix, cell id) → {test: outcome}
+        # Writing as the run goes: one stream per matrix file, opened by its first cell.
+        self.out = report_folder(config, run.settings.report_dir)
+        self.streams: dict[Path, ResultStream | None] = {}  # None: the file could not be opened
+        self.heads: dict[Path, dict[str, Any]] = {}  # matrix file → run_head, computed once
+        self.selected: dict[Path, int] = {}  # matrix file → its cells in this session (when known)
+        # node id → the record's volatile facts: its duration alone (most cells), or a dict of them
+        # (a float is not an object the garbage collector must walk; a dict per cell would be)
+        self.volatile: dict[str, Any] = {}
 
     # -- xdist -----------------------------------------------------------------------
     @pytest.hookimpl(optionalhook=True)
@@ -74,12 +86,115 @@ class ResultCollector:
             return
         record = getattr(report, RECORD_ATTR, None)
         if record is not None:
-            self.records[report.nodeid] = CellRecord(record, nodeid=report.nodeid)
+            # The report (pytest keeps every one) holds the record as written from now on: the
+            # worker's copy and its values go at once, not after living through the whole session.
+            setattr(report, RECORD_ATTR, self.keep(report.nodeid, record))
             return
         if report.failed and report.nodeid not in self.records:
             recovered = self.recover(report.nodeid, _longrepr_line(report))
             if recovered is not None:
-                self.records[report.nodeid] = recovered
+                self.keep(report.nodeid, recovered)
+
+    def keep(self, nodeid: str, record: CellRecord) -> CellRecord:
+        """Hold a finished record and write it to its matrix's result file now; its volatile
+        facts (durations) go to the run-facts side file instead."""
+        kept, facts = split_volatile(record)
+        kept["nodeid"] = nodeid
+        if facts:
+            self.volatile[nodeid] = facts["duration_s"] if facts.keys() == {"duration_s"} else facts
+        stream = self.stream(nodeid)
+        if stream is not None:
+            try:
+                try:
+                    kept = stream.add(kept)
+                except (TypeError, ValueError):  # a hook put a set, a path or a NaN in the record
+                    kept = stream.add(json_safe(kept))
+            except OSError as exc:  # a full disk: keep the cells in memory, write them at the end
+                self.drop_stream(stream, exc)
+        self.records[nodeid] = kept  # type: ignore[assignment]  # the record as written
+        return kept  # type: ignore[return-value]
+
+    def facts(self, nodeid: str) -> dict[str, Any] | None:
+        """The volatile facts ``keep`` set aside for a cell's record."""
+        if nodeid not in self.volatile:
+            return None
+        facts = self.volatile[nodeid]
+        return facts if isinstance(facts, dict) else {"duration_s": facts}
+
+    def stream(self, nodeid: str) -> ResultStream | None:
+        """The open result file of the matrix this node id belongs to (opened by its first cell)."""
+        if self.out is None:
+            return None
+        file = self.file_of(nodeid)
+        if file not in self.streams:
+            if file not in self.run.files:
+                return None
+            self.streams[file] = self.open_stream(file)
+        return self.streams[file]
+
+    def open_stream(self, file: Path) -> ResultStream | None:
+        try:
+            loaded = self.run.load(file)
+        except MatrixError:
+            return None
+        path = self.result_path(file, loaded)
+        head = self.head(file, loaded)
+        try:
+            return ResultStream(path, head)
+        except OSError as exc:
+            reasons = []
+            for folder in (None, os.getcwd()):  # the temporary folder, else the folder pytest started in
+                try:
+                    fd, fallback = tempfile.mkstemp(prefix=f"pytest-mla-{path.stem[:40]}-", suffix=".json",
+                                                    dir=folder)
+                    os.close(fd)
+                    stream = ResultStream(fallback, head)
+                except OSError as again:
+                    reasons.append(f"{folder or tempfile.gettempdir()}: {again.strerror or again}")
+                    continue
+                self.write_failures.append(f"cannot write {path}: {exc.strerror or exc}; "
+                                           f"the results are in {fallback}")
+                stream.fallback = True
+                return stream
+            self.write_failures.append(f"cannot write {path}: {exc.strerror or exc}; nor anywhere else "
+                                       f"({'; '.join(reasons)}): the results are kept for the end")
+            return None
+
+    def drop_stream(self, stream: ResultStream, exc: OSError) -> None:
+        stream.close()
+        for file, open_stream in self.streams.items():
+            if open_stream is stream:
+                self.streams[file] = None
+        self.write_failures.append(f"cannot write {stream.path} as the run goes: {exc.strerror or exc}; "
+                                   "writing it at the end")
+
+    def result_path(self, file: Path, loaded: LoadedMatrix) -> Path:
+        assert self.out is not None
+        engine = self.engine_info(loaded)
+        stem = self.out / report_stem(self.run.settings.report_name, report_stems(self.run)[file], engine["name"],
+                                      engine["version"] or "unavailable")
+        return _with_ext(stem, "json")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """How many cells of each matrix this session runs (the result file says so, so that a
+        file cut short can say how many it lost)."""
+        self._count_selected(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if not self.selected:
+            self._count_selected(ids)
+
+    def _count_selected(self, nodeids: Any) -> None:
+        counts: dict[str, int] = {}
+        for nodeid in nodeids:
+            prefix = nodeid.split("::", 1)[0]
+            counts[prefix] = counts.get(prefix, 0) + 1
+        for prefix, n in counts.items():
+            file = self.file_of(prefix + "::")
+            if file in self.run.files:
+                self.selected[file] = n
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -108,50 +223,88 @@ class ResultCollector:
     # -- writing ---------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # Building and rendering the documents makes many short-lived objects and no garbage
+        # cycles: the cyclic collector, paused, does not walk the whole session for them.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.finish(session, exitstatus)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def finish(self, session: pytest.Session, exitstatus: int) -> None:
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.interrupted = True
         strict = self.run.settings.strict_coverage
         if strict and (self.uncovered() or self.coverage_unknown()) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        out = report_folder(self.config, self.run.settings.report_dir)
-        stems = report_stems(self.run)
         for file in self.run.files:
             try:
                 loaded = self.run.load(file)
             except MatrixError:
                 continue  # already reported as a collection error
-            document = self.documents[file] = self.document(file, loaded)
+            document = self.documents[file] = self.document(file)
             markdown = None
-            if out is not None and (document["cells"] or self.records):
-                engine = document["run"]["engine"]
-                stem = out / report_stem(self.run.settings.report_name, stems[file], engine["name"],
-                                         engine["version"] or "unavailable")
-                markdown = self.write(document, stem)
+            stream = self.streams.get(file)
+            if self.out is not None and (document["cells"] or self.records or stream is not None):
+                markdown = self.write(document, self.result_path(file, loaded), stream)
             self.gate(session, document, markdown)
 
-    def write(self, document: dict[str, Any], stem: Path) -> str | None:
-        """The result files of one matrix; if the JSON cannot be written there, it goes to a
-        temporary file (the finished cells are never lost) and the summary says where."""
-        document = json_safe(document)  # an engine's odd value, an argv byte: never a lost report
+    def write(self, document: dict[str, Any], path: Path, stream: ResultStream | None) -> str | None:
+        """The result files of one matrix. The JSON was written as the cells finished; it is
+        closed here, or written again in matrix order when the cells came in another order
+        (xdist) or changed since (user-test outcomes). If it cannot be written there, it goes to
+        a temporary file (the finished cells are never lost) and the summary says where."""
+        run, cells = document["run"], document["cells"]
+        fallback = stream is not None and stream.fallback
         try:
-            self.written.append(write_results(_with_ext(stem, "json"), document["run"], document["cells"]))
+            if stream is not None and _same_records(stream.records, cells):
+                self.written.append(stream.finish(split_run(run)[1]))
+            else:
+                if stream is not None:
+                    stream.close()
+                    path = stream.path  # a fallback file stays the fallback
+                try:
+                    self.written.append(write_results(path, run, cells))
+                except (TypeError, ValueError):  # a value no stream took (an engine's odd metadata)
+                    document = json_safe(document)
+                    run, cells = document["run"], document["cells"]
+                    self.written.append(write_results(path, run, cells))
         except OSError as exc:
-            fallback, why = write_fallback(document, stem)
+            fallback, why = write_fallback(document, path.parent / path.name[:-len(".json")])
             where = f"the results are in {fallback}" if fallback else f"nor anywhere else ({why}): the results are lost"
-            self.write_failures.append(f"cannot write {_with_ext(stem, 'json')}: {exc.strerror or exc}; {where}")
+            self.write_failures.append(f"cannot write {path}: {exc.strerror or exc}; {where}")
             return None
+        path = self.written[-1]
+        if fallback:
+            self.written.pop()  # not a report: the summary names it among the failures
+            return None
+        try:
+            self.write_run_facts(path, cells)
+        except OSError as exc:
+            self.write_failures.append(f"cannot write {run_facts_path(path)}: {exc.strerror or exc}")
+        stem = path.parent / path.name[:-len(".json")] if path.name.endswith(".json") else path
         try:
             return render_files(document, stem, self.run.settings.formats, self.written)
         except OSError as exc:
-            self.write_failures.append(f"cannot write the reports next to {_with_ext(stem, 'json')}: "
-                                       f"{exc.strerror or exc} (render them with: pytest-mla render "
-                                       f"{_with_ext(stem, 'json')})")
+            self.write_failures.append(f"cannot write the reports next to {path}: "
+                                       f"{exc.strerror or exc} (render them with: pytest-mla render {path})")
             return None
         except Exception as exc:  # a renderer's bug must not take the written results with it
-            self.write_failures.append(f"cannot render the reports of {_with_ext(stem, 'json')}: "
+            self.write_failures.append(f"cannot render the reports of {path}: "
                                        f"{type(exc).__name__}: {exc} (the results are written; render them "
-                                       f"with: pytest-mla render {_with_ext(stem, 'json')})")
+                                       f"with: pytest-mla render {path})")
             return None
+
+    def write_run_facts(self, path: Path, cells: list[CellRecord]) -> None:
+        """``x.run.json`` beside ``x.json``: the facts that differ on every run (kept out of ``x.json``
+        so that a committed report changes only when an outcome does)."""
+        facts = json_safe({"started": self.started, "finished": run_document.now(),  # an argv byte: escaped
+                           "git_commit": run_document.git_commit(self.config.rootpath),
+                           "args": list(self.config.invocation_params.args)})
+        per_cell = {c["id"]: self.facts(c["nodeid"]) for c in cells if c.get("nodeid") in self.volatile}
+        write_run_facts(run_facts_path(path), path, facts, per_cell)
 
     def coverage_unknown(self) -> dict[str, str]:
         """Matrix file → why its engine's backends cannot be listed (``--mla-strict-coverage``
@@ -215,9 +368,8 @@ class ResultCollector:
             known = self._files_by_path[path] = (self.config.rootpath / path).resolve()
         return known
 
-    def document(self, file: Path, loaded: LoadedMatrix) -> dict[str, Any]:
+    def engine_info(self, loaded: LoadedMatrix) -> dict[str, Any]:
         engine = loaded.engine
-        settings = self.run.settings
         info = {
             # The adapter's own name; "adapter" keeps what the matrix wrote when that differs
             # (a "module:attr" string).
@@ -231,27 +383,34 @@ class ResultCollector:
         }
         if info["name"] != loaded.matrix.engine_name:
             info["adapter"] = loaded.matrix.engine_name
-        environment = {
-            "versions": run_document.versions(),
-            "git_commit": run_document.git_commit(self.config.rootpath),
-            "started": self.started,
-            "finished": run_document.now(),
-            "seed": settings.seed,
-            "dcp_mode": settings.dcp_mode,
-            "args": self.config.invocation_params.args,
-        }
+        return info
+
+    def head(self, file: Path, loaded: LoadedMatrix) -> dict[str, Any]:
+        """The run facts of a matrix known before its first cell (computed once: the result file
+        starts with them, and a file written again at the end must start the same)."""
+        if file not in self.heads:
+            settings = self.run.settings
+            environment = {"versions": run_document.versions(), "seed": settings.seed,
+                           "dcp_mode": settings.dcp_mode}
+            self.heads[file] = run_document.run_head(loaded.matrix, engine=self.engine_info(loaded),
+                                                     host=probe_host(), environment=environment,
+                                                     cells_selected=self.selected.get(file))
+        return self.heads[file]
+
+    def document(self, file: Path, loaded: LoadedMatrix | None = None) -> dict[str, Any]:
+        loaded = loaded if loaded is not None else self.run.load(file)
         # This file's cells only: two files may share a matrix name (a/x.toml, b/x.toml).
         records = [r for nodeid, r in self.records.items() if self.file_of(nodeid) == file]
-        return run_document.build_document(loaded.matrix, records, engine=info,
-                                           user_tests=self.user_tests, host=probe_host(),
-                                           environment=environment, interrupted=self.interrupted)
+        return run_document.build_document(loaded.matrix, records, head=self.head(file, loaded),
+                                           user_tests=self.user_tests, interrupted=self.interrupted)
 
     # -- terminal --------------------------------------------------------------------
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:
             return
         documents = [self._document_for_summary(file) for file in self.run.files]
-        lines = build_summary(list(self.records.values()), [d for d in documents if d is not None],
+        records = [with_volatile(r, self.facts(nodeid)) for nodeid, r in self.records.items()]
+        lines = build_summary(records, [d for d in documents if d is not None],
                               verbosity=self.config.get_verbosity(),
                               baseline=self.run.settings.baseline if self.run.baseline is not None else None,
                               regressions=self.regressions, written=[_shown(p) for p in self.written],
@@ -378,22 +537,30 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path]) -> str | None:
     """Markdown and HTML next to the JSON, from the same document; returns the Markdown (None if not asked)."""
+    from .report.model import ReportModel
+
     markdown = None
+    model = ReportModel(document)  # one model, one backends view, for both pages
     if "md" in formats:
         from .report.markdown import render_markdown
 
-        markdown = render_markdown(document)
+        markdown = render_markdown(document, model=model)
         written.append(write_text_atomic(_with_ext(stem, "md"), markdown))
     if "html" in formats:
         from .report.html import render_html
 
-        written.append(write_text_atomic(_with_ext(stem, "html"), render_html(document)))
+        written.append(write_text_atomic(_with_ext(stem, "html"), render_html(document, model=model)))
     return markdown
 
 
 def _with_ext(stem: Path, ext: str) -> Path:
     """``stem.ext`` even when the stem has dots of its own (``sglang-0.5.23``)."""
     return stem.parent / f"{stem.name}.{ext}"
+
+
+def _same_records(written: list[Any], cells: list[Any]) -> bool:
+    """Whether the stream holds exactly these records, in this order (the very objects)."""
+    return len(written) == len(cells) and all(a is b for a, b in zip(written, cells))
 
 
 def _longrepr_line(report: pytest.TestReport) -> str:

@@ -11,6 +11,7 @@ options and markers and nothing else. The work is done by ``options``
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any, Generator
@@ -23,6 +24,10 @@ from .core.errors import MatrixError
 from .core.host import environment_problems, kernel_dependencies_missing, probe_host, worker_gpu
 from .options import MATRIX_OPTION, add_options, read_settings
 from .runner import MatrixRun, run_key
+
+
+#: Whether this session froze the garbage collector's view of the collected objects.
+gc_frozen_key = pytest.StashKey[bool]()
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -49,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     problems = environment_problems()
     if problems:
         raise pytest.UsageError("\n".join(problems))
+    config.add_cleanup(lambda: unfreeze(config))
     settings = read_settings(config)
     pin_worker_gpu(config)
     files, named = collect.find_matrix_files(config, settings)
@@ -168,6 +174,37 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MatrixFile
     return None
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection(session: pytest.Session) -> Generator[None, Any, Any]:
+    """Collection makes tens of objects per cell that live for the whole session (items, markers,
+    cells, expectations). The cyclic garbage collector can free none of them, yet it walked all of
+    them again and again: with the walks during the run, the largest cost of a validation-only
+    matrix run (perf: gc_collect_main and the visits it calls). So a matrix session collects with
+    the collector paused, then freezes what it collected: later collections leave it out, until
+    ``unfreeze`` gives it back. Not done when someone else froze objects already."""
+    pause = (session.config.stash.get(run_key, None) is not None and gc.isenabled()
+             and gc.get_freeze_count() == 0)
+    if pause:
+        gc.disable()
+    try:
+        return (yield)
+    finally:
+        if pause:
+            gc.enable()
+            gc.freeze()
+            session.config.stash[gc_frozen_key] = True
+
+
+def unfreeze(config: pytest.Config) -> None:
+    """Give the objects ``pytest_collection`` froze back to the garbage collector (a pytest run
+    inside a longer process must not keep its session forever). A config cleanup registered
+    first, so it runs last: after pytest's own collections at the end of the session, which then
+    need not walk the frozen objects either."""
+    if config.stash.get(gc_frozen_key, False):
+        gc.unfreeze()
+        config.stash[gc_frozen_key] = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     run = config.stash.get(run_key, None)
     if run is None:
@@ -202,6 +239,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call" or (report.when == "setup" and not report.passed):
         setattr(report, RECORD_ATTR, collect.finish_record(item, report, call))
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config: pytest.Config, report: Any) -> Generator[None, Any, Any]:
+    """A cell's record leaves an xdist worker as one JSON text (one string for execnet to carry,
+    not a tree of small objects)."""
+    data = yield
+    if isinstance(data, dict) and isinstance(data.get(RECORD_ATTR), dict):
+        data[RECORD_ATTR] = collect.record_text(data[RECORD_ATTR])
+    return data
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_from_serializable(config: pytest.Config, data: Any) -> None:
+    """... and is a record again on the controller, before pytest rebuilds the report."""
+    if isinstance(data, dict) and isinstance(data.get(RECORD_ATTR), str):
+        data[RECORD_ATTR] = collect.record_from_text(data[RECORD_ATTR])
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -63,6 +63,7 @@ class MatrixRun:
         self._engines: dict[str, Engine | Exception] = {}
         self._kernel_results: dict[tuple[Any, ...], KernelResult] = {}
         self._host_kernel_target: str | None = None  # "interpreter" or an arch, once known
+        self._kernels_missing: tuple[str] | None = None
         self._extra_models: dict[str, ModelConfig] | None = None
         self.baseline: dict[str, Any] | None = None  # the --mla-baseline document (controller only)
 
@@ -197,15 +198,15 @@ class MatrixRun:
     # -- kernels -------------------------------------------------------------------------
     def kernel_check(self, matrix: Matrix, cell: Cell, model: ModelConfig, configured: Configured,
                      *, run: bool) -> KernelResult:
-        spec: KernelSpec | None = self.config.hook.pytest_mla_kernel(
-            config=self.config, cell=cell, spec=configured.kernel) or configured.kernel
         if not run:
             return not_run("the engine's answer did not match the expectation")
         if self.settings.kernel == "off":
             return not_run("kernel checks disabled (--mla-kernel=off)")
-        missing = kernel_dependencies_missing()
+        missing = self.kernels_missing()
         if missing:  # no kernel of any kind can run here
             return not_run(missing)
+        spec: KernelSpec | None = self.config.hook.pytest_mla_kernel(
+            config=self.config, cell=cell, spec=configured.kernel) or configured.kernel
         if spec is None:
             return not_run(configured.kernel_reason or "the engine declares no decode kernel for this backend")
         where = self.kernel_target()
@@ -259,6 +260,12 @@ class MatrixRun:
                 write_json_atomic(path, result)
             except (OSError, TypeError, ValueError):
                 pass  # sharing is an optimisation only
+
+    def kernels_missing(self) -> str | None:
+        """``kernel_dependencies_missing()``, looked up once per process (not once per cell)."""
+        if self._kernels_missing is None:
+            self._kernels_missing = (kernel_dependencies_missing() or "",)
+        return self._kernels_missing[0] or None
 
     def kernel_target(self) -> str:
         if self._host_kernel_target is None:

@@ -15,6 +15,7 @@ themselves, so that form parses back only against the matrix's axes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -85,23 +86,33 @@ class Cell:
     page_size: int | None = None
     tp: int | None = None
 
+    # A cell is frozen: what is derived from it is computed once (every cell's record, item
+    # and report asks for these many times).
+    @functools.cached_property
+    def _items(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((a, getattr(self, a)) for a in AXES if getattr(self, a) is not None)
+
     @property
     def coords(self) -> dict[str, Any]:
         """Coordinates of the axes this cell has (optional axes only when set)."""
-        return {a: getattr(self, a) for a in AXES if getattr(self, a) is not None}
+        return dict(self._items)
 
     @property
     def parts(self) -> list[str]:
-        return [format_part(a, v) for a, v in self.coords.items()]
+        return list(self._parts)
 
-    @property
+    @functools.cached_property
+    def _parts(self) -> tuple[str, ...]:
+        return tuple(format_part(a, v) for a, v in self._items)
+
+    @functools.cached_property
     def id(self) -> str:
-        return "/".join(self.parts)
+        return "/".join(self._parts)
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """The pytest item name."""
-        return "-".join(self.parts)
+        return "-".join(self._parts)
 
     def __str__(self) -> str:
         return self.id
@@ -171,6 +182,14 @@ def expand_cells(axes: Mapping[str, Sequence[Any]]) -> Iterable[Cell]:
     order = [a for a in AXES if a in axes]
     for values in itertools.product(*(axes[a] for a in order)):
         yield Cell(**dict(zip(order, values)))
+
+
+def expand_ids(axes: Mapping[str, Sequence[Any]]) -> Iterable[str]:
+    """The ids of ``expand_cells(axes)``, in the same order, without building the cells."""
+    import itertools
+
+    parts = [[format_part(a, v) for v in axes[a]] for a in AXES if a in axes]
+    return ("/".join(p) for p in itertools.product(*parts))
 
 
 ARCH_HINT = ("expected an NVIDIA arch sm" + "/".join(str(n) for n in NVIDIA_SMS)

@@ -13,17 +13,19 @@ feature tables and list them under "Input validation".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, is_arch
+from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, expand_ids, is_arch
 from .errors import MatrixError, Problem
 from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
 from .rules import (
@@ -69,6 +71,10 @@ class Matrix:
     def cells(self) -> Iterator[Cell]:
         return expand_cells(self.axes)
 
+    def cell_ids(self) -> Iterator[str]:
+        """The ids of ``cells()``, in the same order (cheaper than building the cells)."""
+        return iter(expand_ids(self.axes))
+
     @property
     def size(self) -> int:
         n = 1
@@ -80,7 +86,31 @@ class Matrix:
         return self.models[cell.model]
 
     def expectation(self, cell: Cell, engine_version: str | Version | None = None) -> Expectation:
-        return decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+        # Cells that differ only in axes no rule reads have the same expectation: decided once
+        # (a tp axis no rule mentions multiplies the cells, not the work).
+        key = (self._rule_key(cell), engine_version)
+        try:
+            return self._expectations[key]
+        except KeyError:
+            expect = decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+            # Equal expectations are one object: thousands of cells share a handful (less to keep,
+            # less for the garbage collector to walk through on every full collection).
+            expect = self._expectations[key] = self._expectations.setdefault(expect, expect)
+            return expect
+        except TypeError:  # an unhashable version object
+            return decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+
+    @functools.cached_property
+    def _rule_key(self) -> Callable[[Cell], Any]:
+        """A cell's values on the axes some rule reads."""
+        read = frozenset().union(*(rule.axes for rule in self.rules))
+        axes = [a for a in self.axes if a in read]
+        return operator.attrgetter(*axes) if axes else (lambda cell: ())
+
+    @functools.cached_property
+    def _expectations(self) -> dict[Any, Expectation]:
+        """(rule axes' values, version) → expectation, and each distinct expectation → itself."""
+        return {}
 
     def describes(self, engine_version: str | None) -> bool:
         """Whether the matrix's ``[engine] version`` admits this engine version."""

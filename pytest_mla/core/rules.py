@@ -22,6 +22,7 @@ list is not empty.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import re
 from typing import Any, Callable, Mapping
@@ -70,16 +71,27 @@ def field_value(key: str, cell: Cell, model: ModelConfig) -> Any:
     if key.startswith("model."):
         return model.field(key[len("model."):])
     if key.startswith("spec."):
-        s = parse_spec(cell.spec)
-        return {
-            "spec.topk": s.topk, "spec.steps": s.steps, "spec.tree": s.is_tree,
-            "spec.enabled": s.enabled, "spec.algorithm": s.algorithm or "none", "spec.s_q": s.s_q,
-        }[key]
+        return _spec_fields(cell.spec)[key]
     if key == "arch.sm":
-        return arch_number(cell.arch)
+        return _arch_number(cell.arch)
     if key == "arch.platform":
         return platform_of(cell.arch)
     return getattr(cell, key)
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_fields(text: str) -> dict[str, Any]:
+    s = parse_spec(text)
+    return {"spec.topk": s.topk, "spec.steps": s.steps, "spec.tree": s.is_tree,
+            "spec.enabled": s.enabled, "spec.algorithm": s.algorithm or "none", "spec.s_q": s.s_q}
+
+
+_arch_number = functools.lru_cache(maxsize=None)(arch_number)
+
+
+def field_axis(key: str) -> str:
+    """The axis a field is read from (``model.mla`` → ``model``, ``spec.tree`` → ``spec``)."""
+    return key.split(".", 1)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +108,15 @@ class Predicate:
         if value is None or isinstance(value, bool):
             return False
         return _OPS[self.op](value, self.values[0])
+
+    @functools.cached_property
+    def holds(self) -> Callable[[Cell, ModelConfig], bool]:
+        """``test(field_value(key, cell, model))`` as one call (every cell of a matrix asks every rule)."""
+        key, test = self.key, self.test
+        if self.op == "in" and key in AXES:
+            values = self.values
+            return lambda cell, model: getattr(cell, key) in values
+        return lambda cell, model: test(field_value(key, cell, model))
 
     def describe(self) -> str:
         if self.op == "in":
@@ -148,8 +169,9 @@ class Rule:
         return self.engine_version.contains(version, prereleases=True)
 
     def matches(self, cell: Cell, model: ModelConfig) -> bool:
-        if not all(p.test(field_value(p.key, cell, model)) for p in self.when):
-            return False
+        for p in self.when:
+            if not p.holds(cell, model):
+                return False
         return not self.reasons or any(r.holds(cell, model) for r in self.reasons)
 
     def holding_reasons(self, cell: Cell, model: ModelConfig) -> list[str]:
@@ -162,6 +184,14 @@ class Rule:
             return None
         extra = {REASONS_PLACEHOLDER: str(self.holding_reasons(cell, model))} if self.reasons else None
         return render_message(self.message, cell, model, extra)
+
+    @functools.cached_property
+    def axes(self) -> frozenset[str]:
+        """The axes this rule reads: in ``when``, its reasons and its messages' placeholders."""
+        keys = [p.key for p in self.when] + (placeholders(self.message) if self.message else [])
+        for r in self.reasons:
+            keys += [p.key for p in r.when] + placeholders(r.text)
+        return frozenset(field_axis(k) for k in keys if k != REASONS_PLACEHOLDER)
 
     def why(self, cell: Cell, model: ModelConfig) -> list[tuple[str, Any, bool]]:
         """Each predicate with the cell's value and whether it held (for ``explain``)."""
@@ -211,15 +241,15 @@ class Expectation:
     links: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if self.reason is None:  # only skip expectations carry a reason
-            del d["reason"]
-        if not self.xfail_after_accept:
-            del d["xfail_after_accept"]
-        if self.links:
+        # Built by hand, not dataclasses.asdict (a deep copy): every cell's record asks.
+        d = {"kind": self.kind, "error": self.error, "message": self.message, "match": self.match,
+             "xfail": self.xfail, "rule": self.rule, "rule_line": self.rule_line}
+        if self.reason is not None:  # only skip expectations carry a reason
+            d["reason"] = self.reason
+        if self.xfail_after_accept:
+            d["xfail_after_accept"] = True
+        if self.links:  # records without links keep their old form
             d["links"] = list(self.links)
-        else:  # records without links keep their old form
-            del d["links"]
         return d
 
     def describe(self) -> str:

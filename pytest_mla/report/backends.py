@@ -189,7 +189,15 @@ class BackendsView:
 
 # -- building the view ------------------------------------------------------------------
 def build_backends_view(model: ReportModel) -> BackendsView:
-    """The backends view of one result document."""
+    """The backends view of one result document (built once per ``ReportModel``: the Markdown and
+    the HTML a run writes share it; renderers only read it)."""
+    cached = model.cache.get("backends_view")
+    if cached is None:
+        cached = model.cache["backends_view"] = _build_backends_view(model)
+    return cached
+
+
+def _build_backends_view(model: ReportModel) -> BackendsView:
     notes = Notes()
     plain = _plain_values(model)
     columns = _columns(model, plain)
@@ -199,10 +207,14 @@ def build_backends_view(model: ReportModel) -> BackendsView:
         models = [m for m, kind in kinds.items() if kind is mla]
         if not models:
             continue
-        cells = [c for c in model.feature_cells if (c.get("coords") or {}).get("model") in models]
+        wanted, keys, axes = set(models), model.keys, list(model.axes)
+        at_model = axes.index("model") if "model" in axes else None
+        at_backend = axes.index("backend") if "backend" in axes else None
         by_backend: dict[Any, list[Mapping[str, Any]]] = {}
-        for c in cells:
-            by_backend.setdefault(c["coords"].get("backend"), []).append(c)
+        for c in model.feature_cells:
+            key = keys[id(c)]
+            if at_model is not None and key[at_model] in wanted:
+                by_backend.setdefault(key[at_backend] if at_backend is not None else None, []).append(c)
         backends = [b for b in model.feature_axes.get("backend", []) if b in by_backend]
         states = model.states
         served = [b for b in backends if any(states[id(c)] != REJECTED for c in by_backend[b])]
@@ -289,23 +301,22 @@ def _columns(model: ReportModel, plain: Mapping[str, Any]) -> list[Column]:
 class _Twins:
     """Which configurations of one row the engine accepted, for the plain-twin lookups."""
 
-    def __init__(self, axes: Sequence[str], cells: Sequence[Mapping[str, Any]]) -> None:
-        self.axes = list(axes)
+    def __init__(self, model: ReportModel, cells: Sequence[Mapping[str, Any]]) -> None:
+        self.axes = list(model.axes)
         self.index = {a: i for i, a in enumerate(self.axes)}
         self.accepted: set[tuple[Any, ...]] = set()
-        self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES if a in axes}
-        self.keys = {id(c): self.key(c["coords"]) for c in cells}
+        self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES
+                                                                          if a in self.index}
+        self.keys = model.keys  # the same axes, in the same order
+        accepted_ids = model.accepted_ids
         for c in cells:
-            if (c.get("outcome") or {}).get("kind") != ACCEPTED:
+            if id(c) not in accepted_ids:
                 continue
             key = self.keys[id(c)]
             self.accepted.add(key)
             for a, index in self.accepted_any.items():
                 i = self.index[a]
                 index.setdefault(key[:i] + key[i + 1:], set()).add(key[i])
-
-    def key(self, coords: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(map(coords.get, self.axes))
 
     def plain_accepted(self, key: tuple[Any, ...], axis: str, plain: Mapping[str, Any]) -> bool:
         """Whether the twin of the cell ``key`` with ``axis`` reset was accepted (no plain value: yes)."""
@@ -320,8 +331,9 @@ class _Twins:
 
 def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
          plain: Mapping[str, Any], notes: Notes) -> Row:
-    twins = _Twins(list(model.axes), cells)
-    accepted = [c for c in cells if model.state(c) in (VERIFIED, EMULATED, ACCEPTED)]
+    twins = _Twins(model, cells)
+    states = model.states
+    accepted = [c for c in cells if states[id(c)] in (VERIFIED, EMULATED, ACCEPTED)]
     row_refs = tuple(_engine_note_refs(model, accepted, notes))  # numbered first: the name comes first
     # Columns select by a few axes: test each distinct combination of them once, then sort
     # the cells into their columns in one pass (a cell is in one to three columns).
@@ -339,7 +351,7 @@ def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], colum
         for i in members[k]:
             chosen[i].append(c)
     entries = [_entry(model, chosen[i], column, twins, plain, notes) for i, column in enumerate(columns)]
-    verified, verified_refs = _verified_on(cells, notes)
+    verified, verified_refs = _verified_on(model, cells, notes)
     return Row(backend, row_refs, tuple(entries), verified, verified_refs)
 
 
@@ -381,8 +393,9 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
     all_states = model.states
     if column.reset:
         keys, reset, plain_accepted = twins.keys, column.reset, twins.plain_accepted
+        accepted_ids = model.accepted_ids
         counted = [c for c in cells
-                   if (c.get("outcome") or {}).get("kind") == ACCEPTED or all_states[id(c)] in (BAD, XFAIL)
+                   if id(c) in accepted_ids or all_states[id(c)] in (BAD, XFAIL)
                    or all(plain_accepted(keys[id(c)], axis, plain) for axis in reset)] or cells
     else:  # an arch column: every cell counts
         counted = cells
@@ -508,35 +521,35 @@ def _kernel_runs(cell: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [kernel] if isinstance(kernel, dict) else []
 
 
-def _verified_on(cells: Sequence[Mapping[str, Any]], notes: Notes) -> tuple[str, tuple[int, ...]]:
+def _verified_on(model: ReportModel, cells: Sequence[Mapping[str, Any]], notes: Notes) -> tuple[str, tuple[int, ...]]:
     """``interpreter · 12 of 36``: where kernels were verified, in how many accepted configurations;
     ``· 4 with emulated kernels`` where the engine's code ran around emulated ones; ``not run here:
     needs a GPU`` where none ran (never "0 of 72", which reads like 72 failures)."""
-    accepted = [c for c in cells if (c.get("outcome") or {}).get("kind") == ACCEPTED]
+    accepted_ids = model.accepted_ids
+    accepted = [c for c in cells if id(c) in accepted_ids]
     if not accepted:
         return "—", ()
     wheres: list[str] = []
     how: list[str] = []
     verified = emulated = failed = 0
     reasons: list[str] = []
+    seen = model.cache.setdefault("kernel_facts", {})  # the identity of a record's kernel values → facts
     for c in accepted:
-        runs = _kernel_runs(c)
-        if any(r.get("status") == KERNEL_FAILED for r in runs):
-            failed += 1
-        good = [r for r in runs if r.get("status") == VERIFIED]
-        if good:
-            if verified_state(c) == EMULATED:
+        kernel, runs = c.get("kernel"), c.get("kernel_runs")
+        facts = seen.get((id(kernel), id(runs)))
+        if facts is None:
+            facts = seen[(id(kernel), id(runs))] = _kernel_facts(c)
+        cell_failed, cell_emulated, cell_wheres, cell_how, cell_reasons = facts
+        failed += cell_failed
+        if cell_wheres is not None:  # verified runs
+            if cell_emulated:
                 emulated += 1
             else:
                 verified += 1
+            wheres += cell_wheres
+            how += cell_how
         else:
-            reasons += [str(r["reason"]) for r in runs if r.get("status") == "not-run" and r.get("reason")]
-        for r in good:
-            if r.get("where"):
-                wheres.append(str(r["where"]))
-            if r.get("function") or r.get("level"):
-                level = f" at the {r['level']} level" if r.get("level") else ""
-                how.append(f"{r.get('function') or 'the decode kernel'}{level}")
+            reasons += cell_reasons
     refs: tuple[int, ...] = ()
     if how:
         refs = (notes.ref("verified through " + "; ".join(dict.fromkeys(how))),)
@@ -565,6 +578,18 @@ def _not_run_text(reasons: Sequence[str], notes: Notes) -> tuple[str, tuple[int,
 
 #: A not-run reason that says the kernel needs a GPU this host does not have.
 _NEEDS_GPU = re.compile(r"\bGPU\b.*\bthis host (has no GPU|has none|is cpu|is interpreter)|needs an? \w+ GPU")
+
+
+def _kernel_facts(cell: Mapping[str, Any]) -> tuple[bool, bool, tuple[str, ...] | None, tuple[str, ...], list[str]]:
+    """(a kernel run failed, the verified runs all emulated, where they ran (None: none verified),
+    how they ran, why none ran): what "verified on" reads of one record's kernel values."""
+    runs = _kernel_runs(cell)
+    good = [r for r in runs if r.get("status") == VERIFIED]
+    how = tuple(f"{r.get('function') or 'the decode kernel'}" + (f" at the {r['level']} level" if r.get("level") else "")
+                for r in good if r.get("function") or r.get("level"))
+    reasons = [] if good else [str(r["reason"]) for r in runs if r.get("status") == "not-run" and r.get("reason")]
+    return (any(r.get("status") == KERNEL_FAILED for r in runs), bool(good) and verified_state(cell) == EMULATED,
+            tuple(str(r["where"]) for r in good if r.get("where")) if good else None, how, reasons)
 
 
 def _arch_order(where: str) -> int:
@@ -620,20 +645,33 @@ class _Space:
     def values(self) -> dict[str, list[Any]]:
         """axis → the values it takes among the cells, for the axes that vary (computed when first needed)."""
         out = {}
-        for a in self.model.axes:
+        keys = [self._key(c) for c in self.cells]
+        for i, a in enumerate(self.model.axes):
             if a in self.skip:
                 continue
-            seen = {(c.get("coords") or {}).get(a) for c in self.cells}
+            seen = {k[i] for k in keys}
             if len(seen) > 1:
                 out[a] = sorted(seen, key=lambda v, a=a: self.model.order[a].get(v, 1 << 30))
         return out
+
+    def _key(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
+        key = self._keys.get(id(cell))
+        return key if key is not None else tuple(map((cell.get("coords") or {}).get, self.model.axes))
+
+    @functools.cached_property
+    def _keys(self) -> dict[int, tuple[Any, ...]]:
+        return self.model.keys
+
+    @functools.cached_property
+    def _pick(self) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+        return self.model.picker(self.axes)
 
     @functools.cached_property
     def axes(self) -> list[str]:
         return list(self.values)
 
     def point(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(map((cell.get("coords") or {}).get, self.axes))
+        return self._pick(self._key(cell))
 
     def inside(self, cell: Mapping[str, Any], clause: Mapping[str, set[Any]]) -> bool:
         coords = cell.get("coords") or {}
@@ -713,11 +751,11 @@ class _Space:
     def deciding_axes(self, cells: Sequence[Mapping[str, Any]], text_of: Callable[[Mapping[str, Any]], str]) -> list[str]:
         """The axes along which ``text_of`` changes between cells that differ in that axis alone."""
         out = []
+        points = [(self.point(c), text_of(c)) for c in cells]
         for i, axis in enumerate(self.axes):
             texts: dict[tuple[Any, ...], set[str]] = {}
-            for c in cells:
-                p = self.point(c)
-                texts.setdefault(p[:i] + p[i + 1:], set()).add(text_of(c))
+            for p, text in points:
+                texts.setdefault(p[:i] + p[i + 1:], set()).add(text)
             if any(len(t) > 1 for t in texts.values()):
                 out.append(axis)
         return out or list(self.axes)

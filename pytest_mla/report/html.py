@@ -10,7 +10,10 @@ The interactive matrix shows every cell: rows and columns are axes the reader pi
 (default model · backend by arch · spec), every cell of the matrix is a chip
 inside its table cell, filters per axis value and per state hide chips, and a
 click on a chip opens its details (expectation, outcome, reason, kernel
-numbers). Filters and layout live in the URL fragment
+numbers). At a hundred thousand cells the page stays usable: the embedded data
+is a few integers per cell (its axis values and a shared *body*), rows are built
+as they scroll into view, a table cell shows its first 60 chips and a button for
+the rest, and one listener serves every chip. Filters and layout live in the URL fragment
 (``#rows=backend&cols=arch,dcp&backend=triton,fa3&state=bad``), so a view can
 be linked.
 
@@ -27,9 +30,10 @@ from __future__ import annotations
 import functools
 import html
 import json
+import operator
 import re
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..core.records import kernel_of
 from ..core.text import visible
@@ -151,7 +155,9 @@ def describe_kernel(k: Mapping[str, Any] | None, host: str | None = None) -> str
 
 
 def build_data(model: ReportModel) -> dict[str, Any]:
-    """The compact blob the page's script reads: axes, a string table and one array per cell."""
+    """The compact blob the page's script reads: axes, a string table, the distinct cell *bodies*
+    (state and the indexes of its texts) and one array per cell (its axis value indexes, then its
+    body), so that a hundred thousand cells cost the page a few integers each."""
     axes = list(model.axes)
     strings: list[str] = []
     index: dict[str, int] = {}
@@ -164,30 +170,59 @@ def build_data(model: ReportModel) -> dict[str, Any]:
         return index[text]
 
     s("")
-    order = model.order
+    orders = [{**model.order[a], None: -1} for a in axes]  # a cell without the axis: -1
+    keys = model.keys
+    state_index = {st: i for i, st in enumerate(STATES)}
+    # Records read from a result file share equal values (codec.py): each text is made once per
+    # distinct value, found by its identity (the document keeps every value alive meanwhile).
+    texts: dict[tuple[str, int], int] = {}
+    bodies: list[list[int]] = []
+    body_index: dict[tuple[int, ...], int] = {}  # a body's texts → its index: equal bodies are one
+    known: dict[tuple[Any, ...], int] = {}  # the identities of a record's values → its body's index
+
+    def text_of(kind: str, value: Any, make: Callable[[Any], str]) -> int:
+        key = (kind, id(value))
+        found = texts.get(key)
+        if found is None:
+            found = texts[key] = s(make(value))
+        return found
+
     cells = []
+    states = model.states
     for c in model.cells:
         coords = c.get("coords") or {}
-        state = cell_state(c)
-        runs = c.get("kernel_runs")
-        if runs:
-            kernel = "\n".join(describe_kernel(r, r.get("host")) for r in runs)
-        else:
-            kernel = describe_kernel(c.get("kernel"))
-        notes = "\n".join(str(n) for n in (c.get("notes") or []))
+        state = states[id(c)]
+        reason = c.get("reason")
         finding = model.finding_of(c)
-        cells.append([order[a].get(coords.get(a), -1) for a in axes] + [
-            STATES.index(state), s(c.get("verdict")), s(describe_expectation(c.get("expectation"))),
-            s(describe_outcome(c.get("outcome"))), s(c.get("reason")), s(kernel), s(notes),
-            s(one_line(_short(c, state))), s(describe_finding(finding)),
-            s(repro_command(str(c.get("id"))) if finding is not None else ""),
-        ])
+        key = (state, c.get("verdict"), id(c.get("expectation")), id(c.get("outcome")),
+               reason if isinstance(reason, str) else id(reason), id(c.get("kernel")), id(c.get("kernel_runs")),
+               id(c.get("notes")), id(finding), c.get("id") if finding is not None else None)
+        body = known.get(key)
+        if body is None:
+            runs = c.get("kernel_runs")
+            kernel = (text_of("runs", runs, _describe_runs) if runs
+                      else text_of("kernel", c.get("kernel"), describe_kernel))
+            texts_of_body = (state_index[state], s(c.get("verdict")),
+                             text_of("expect", c.get("expectation"), describe_expectation),
+                             text_of("outcome", c.get("outcome"), describe_outcome), s(reason), kernel,
+                             text_of("notes", c.get("notes"), _notes_text), s(one_line(_short(c, state))),
+                             text_of("finding", finding, describe_finding),
+                             s(repro_command(str(c.get("id"))) if finding is not None else ""))
+            body = body_index.get(texts_of_body)
+            if body is None:
+                body = body_index[texts_of_body] = len(bodies)
+                bodies.append(list(texts_of_body))
+            known[key] = body
+        key = keys.get(id(c))
+        cells.append([*map(operator.getitem, orders, key), body] if key is not None else
+                     [o.get(coords.get(a), -1) for a, o in zip(axes, orders)] + [body])
     return {
         "axes": [{"name": a, "values": [str(v) for v in model.axes[a]],
                   "labels": [format_value(a, v) for v in model.axes[a]]} for a in axes],
         "states": list(STATES),
         "symbols": [GLYPHS[st] for st in STATES],
         "strings": strings,
+        "bodies": bodies,
         "cells": cells,
     }
 
@@ -204,6 +239,12 @@ def describe_finding(finding: Finding | None) -> str:
                      + (", ".join(facts.emulated) or "its kernel library"))
     lines += [f"upstream: {link}" for link in finding.links]
     return "\n".join(lines)
+def _describe_runs(runs: Any) -> str:
+    return "\n".join(describe_kernel(r, r.get("host")) for r in runs)
+
+
+def _notes_text(notes: Any) -> str:
+    return "\n".join(str(n) for n in (notes or []))
 
 
 def _short(c: Mapping[str, Any], state: str) -> str:
@@ -235,10 +276,15 @@ def _facts(model: ReportModel) -> list[tuple[str, str]]:
                  + (f", {host.get('hostname')}" if host.get("hostname") else "")),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)),
         ("kernel", f"dtype {run.get('kernel_dtype')}, seed {run.get('seed')}, dcp mode {run.get('dcp_mode')}"),
-        ("run", f"{run.get('started') or '?'} → {run.get('finished') or '?'}"
-                + (f", commit {run['git_commit'][:12]}" if run.get("git_commit") else "")
-                + ("" if run.get("complete", True) else ", INCOMPLETE")),
     ]
+    # Timestamps and the commit are in files of schema version 1 only (newer runs keep them in
+    # the run-facts side file, so that a report changes only when an outcome does).
+    when = (f"{run.get('started') or '?'} → {run.get('finished') or '?'}"
+            if run.get("started") or run.get("finished") else "")
+    when += f", commit {run['git_commit'][:12]}" if run.get("git_commit") else ""
+    if when or not run.get("complete", True):
+        facts.append(("run", when.lstrip(", ") + ("" if run.get("complete", True) else
+                                                  (", " if when else "") + "INCOMPLETE")))
     uncovered = model.uncovered()
     if uncovered:
         facts.append(("not covered", f"{len(uncovered)} MLA-capable backends the engine registers: "
@@ -252,11 +298,12 @@ def _facts(model: ReportModel) -> list[tuple[str, str]]:
     return facts
 
 
-def render_html(document: Mapping[str, Any], *, view: str = "all") -> str:
-    """The report as one self-contained HTML page: ``all``, ``backends`` or ``grid``."""
+def render_html(document: Mapping[str, Any], *, view: str = "all", model: ReportModel | None = None) -> str:
+    """The report as one self-contained HTML page: ``all``, ``backends`` or ``grid`` (``model``: the
+    ``ReportModel`` of ``document``, to share its work with other renderings)."""
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r} (known: {', '.join(VIEWS)})")
-    model = ReportModel(document)
+    model = model if model is not None else ReportModel(document)
     run = model.run
     title = run.get("title") or run.get("matrix") or "pytest-mla report"
     facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in _facts(model))

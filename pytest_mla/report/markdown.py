@@ -63,7 +63,8 @@ def render_command(view: str = "all", rows: Sequence[str] | None = None, cols: S
 
 
 def render_markdown(document: Mapping[str, Any], rows: Sequence[str] | None = None,
-                    cols: Sequence[str] | None = None, *, source: str | None = None, view: str = "all") -> str:
+                    cols: Sequence[str] | None = None, *, source: str | None = None, view: str = "all",
+                    model: ReportModel | None = None) -> str:
     """One result document as Markdown.
 
     :param rows: row axes of the grid (default ``["backend"]``).
@@ -72,10 +73,11 @@ def render_markdown(document: Mapping[str, Any], rows: Sequence[str] | None = No
         matrix file and the engine version of the run (true of a merged or
         renamed result file too, unlike a path).
     :param view: ``all`` (backends view, then grid), ``backends`` or ``grid``.
+    :param model: the ``ReportModel`` of ``document``, to share its work with other renderings.
     """
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r} (known: {', '.join(VIEWS)})")
-    model = ReportModel(document)
+    model = model if model is not None else ReportModel(document)
     run = model.run
     grid = _grid(model, rows, cols) if view in ("all", "grid") else None  # raises on a bad axis first
     name = run.get("matrix") or "matrix"

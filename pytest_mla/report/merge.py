@@ -103,15 +103,17 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
     labels = [host_label(d["run"]) for d in documents]
     conflicts: list[dict[str, Any]] = []
     merged_cells: list[dict[str, Any]] = []
+    kernel_runs: dict[tuple[int, int], dict[str, Any]] = {}  # (id(kernel), input) → its kernel_runs entry
     for cell_id, entries in seen.items():
-        merged, conflict = _merge_cell(cell_id, entries, labels, names)
+        merged, conflict = _merge_cell(cell_id, entries, labels, names, kernel_runs)
         if conflict:
             conflicts.append(conflict)
         merged_cells.append(merged)
 
-    order = {a: {v: i for i, v in enumerate(vals)} for a, vals in axes.items()}
     axis_names = [a for a in AXES if a in axes] + [a for a in axes if a not in AXES]
-    merged_cells.sort(key=lambda c: tuple(order[a].get((c.get("coords") or {}).get(a), -1) for a in axis_names))
+    # value → position on each axis (a cell without the axis first): one C-level lookup per coordinate
+    orders = [{**{v: i for i, v in enumerate(axes[a])}, None: -1} for a in axis_names]
+    merged_cells.sort(key=lambda c: tuple(map(dict.__getitem__, orders, map((c.get("coords") or {}).get, axis_names))))
 
     runs = [d["run"] for d in documents]
     first = runs[0]
@@ -128,7 +130,7 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
     wheres = sorted({str(kernel_of(c).get("where")) for c in merged_cells
                      if kernel_of(c).get("where")})
     run: dict[str, Any] = {
-        **{k: v for k, v in first.items() if k not in ("counts", "axes")},
+        **{k: v for k, v in first.items() if k not in ("counts", "axes", "cells_selected")},
         "engine": engine,
         "host": {"arch": "+".join(archs) or None, "gpu": ", ".join(sorted({str(h["gpu"]) for h in hosts if h.get("gpu")})) or None,
                  "gpus": sum(int(h.get("gpus") or 0) for h in hosts), "machine": first.get("host", {}).get("machine"),
@@ -136,8 +138,6 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
                  "hostname": ", ".join(dict.fromkeys(str(h["hostname"]) for h in hosts if h.get("hostname")))
                  or None},
         "triton_mode": wheres[0] if len(wheres) == 1 else (wheres or None),
-        "started": min((r.get("started") for r in runs if r.get("started")), default=None),
-        "finished": max((r.get("finished") for r in runs if r.get("finished")), default=None),
         # Shards and per-arch jobs are partial by design: the merge is complete when it holds every cell.
         "complete": not any(r.get("interrupted") for r in runs) and len(merged_cells) == total,
         "interrupted": any(r.get("interrupted") for r in runs),
@@ -149,12 +149,19 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
         "models": {name: entry for r in runs for name, entry in (r.get("models") or {}).items()},
         "merged_from": [
             {"file": names[i], "host": r.get("host"), "versions": r.get("versions"),
-             "engine_version": (r.get("engine") or {}).get("version"), "git_commit": r.get("git_commit"),
-             "started": r.get("started"), "finished": r.get("finished"),
+             "engine_version": (r.get("engine") or {}).get("version"),
+             # timestamps and commits: only inputs of schema version 1 hold them (see results.py)
+             **{k: r[k] for k in ("git_commit", "started", "finished") if r.get(k) is not None},
              "cells_reported": len(documents[i]["cells"]), "counts": r.get("counts")}
             for i, r in enumerate(runs)
         ],
     }
+    for key, pick in (("started", min), ("finished", max)):
+        times = [r[key] for r in runs if r.get(key)]
+        if times:
+            run[key] = pick(times)
+        else:
+            run.pop(key, None)
     if conflicts:
         run["conflicts"] = conflicts
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": run, "cells": merged_cells}
@@ -174,14 +181,24 @@ def _union_lists(tables: Any) -> dict[str, list[Any]]:
 
 
 def _merge_cell(cell_id: str, entries: list[tuple[int, Mapping[str, Any]]], labels: Sequence[str],
-                names: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                names: Sequence[str], made: dict[tuple[int, int], dict[str, Any]]
+                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     ran = [(i, r) for i, r in entries if r.get("verdict") != SKIP] or entries
     base_i, base = ran[0]
     merged = dict(base)
     runs = []
     for i, r in entries:
-        runs.extend(r.get("kernel_runs") or ([{**r["kernel"], "host": labels[i], "source": i}] if r.get("kernel") else []))
-    if runs:
+        if r.get("kernel_runs"):
+            runs.extend(r["kernel_runs"])
+        elif r.get("kernel"):
+            kernel = r["kernel"]  # one entry per kernel value and input: records read from a file share them
+            run = made.get((id(kernel), i))
+            if run is None:
+                run = made[(id(kernel), i)] = {**kernel, "host": labels[i], "source": i}
+            runs.append(run)
+    if len(entries) == 1 and runs and not entries[0][1].get("kernel_runs"):  # one input: its kernel as it was
+        merged["kernel_runs"] = runs
+    elif runs:
         merged["kernel_runs"] = runs
         merged["kernel"] = min(runs, key=lambda k: KERNEL_ORDER.index(k.get("status"))
                                if k.get("status") in KERNEL_ORDER else len(KERNEL_ORDER))

@@ -16,6 +16,7 @@ accepted only in part).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -251,7 +252,8 @@ class ReportModel:
         self.probes: dict[str, list[Any]] = {a: list(v) for a, v in (self.run.get("probes") or {}).items()
                                              if a in self.axes and isinstance(v, list)}
         #: The cells of the feature tables: every cell without a probe value.
-        self.feature_cells: list[Mapping[str, Any]] = [c for c in self.cells if not self.is_probe(c)]
+        self.feature_cells: list[Mapping[str, Any]] = (
+            [c for c in self.cells if not self.is_probe(c)] if self.probes else list(self.cells))
         #: Axis values without the probes, in matrix order.
         self.feature_axes: dict[str, list[Any]] = {a: [v for v in vals if v not in self.probes.get(a, ())]
                                                    for a, vals in self.axes.items()}
@@ -259,6 +261,12 @@ class ReportModel:
         self._states: dict[int, str] = {}
         self._findings: list[Finding] | None = None
         self._finding_of: dict[int, Finding] = {}
+        # Texts of records, by the identity of the values they are made of: records read from a
+        # result file share equal values (codec.py), so each text is made once, not once per cell.
+        self._rejections: dict[tuple[int, int], str] = {}
+        self._notes: dict[tuple[Any, ...], str | None] = {}
+        #: What is computed once per model (``state_notes``, ``keys``, ``build_backends_view``).
+        self.cache: dict[str, Any] = {}
 
     @property
     def findings(self) -> list[Finding]:
@@ -278,13 +286,92 @@ class ReportModel:
     def states(self) -> dict[int, str]:
         """``id(record)`` → ``cell_state(record)`` for every cell, computed once."""
         if len(self._states) != len(self.cells):
-            self._states = {id(c): cell_state(c) for c in self.cells}
+            self._states = {i: sn[0] for i, sn in self.state_notes.items()}
         return self._states
+
+    @property
+    def state_notes(self) -> dict[int, tuple[str, str | None]]:
+        """``id(record)`` → ``(cell_state(record), state_note(record, state))`` for every cell,
+        made once per distinct set of the values they read."""
+        cached = self.cache.get("state_notes")
+        if cached is None or len(cached) != len(self.cells):
+            made: dict[tuple[Any, ...], tuple[str, str | None]] = {}
+            cached = {}
+            for c in self.cells:
+                reason = c.get("reason")
+                finding = self.finding_of(c)
+                key = (c.get("verdict"), id(c.get("outcome")), id(c.get("expectation")),
+                       reason if isinstance(reason, str) else id(reason), id(c.get("kernel")), id(finding))
+                sn = made.get(key)
+                if sn is None:
+                    state = cell_state(c)
+                    sn = made[key] = (state, state_note(c, state, finding))
+                cached[id(c)] = sn
+            self.cache["state_notes"] = cached
+        return cached
+
+    @property
+    def accepted_ids(self) -> set[int]:
+        """``id(record)`` of every record whose engine accepted its configuration (``outcome.kind``)."""
+        cached = self.cache.get("accepted_ids")
+        if cached is None:
+            kinds: dict[int, bool] = {}  # id(outcome) → accepted
+            cached = set()
+            for c in self.cells:
+                outcome = c.get("outcome")
+                accepted = kinds.get(id(outcome))
+                if accepted is None:
+                    accepted = kinds[id(outcome)] = isinstance(outcome, Mapping) and outcome.get("kind") == ACCEPTED
+                if accepted:
+                    cached.add(id(c))
+            self.cache["accepted_ids"] = cached
+        return cached
+
+    @property
+    def keys(self) -> dict[int, tuple[Any, ...]]:
+        """``id(record)`` → its coordinates on ``self.axes``, in order (None where it has none)."""
+        cached = self.cache.get("keys")
+        if cached is None or len(cached) != len(self.cells):
+            axes = list(self.axes)
+            cached = self.cache["keys"] = {id(c): tuple(map((c.get("coords") or {}).get, axes)) for c in self.cells}
+        return cached
+
+    def picker(self, axes: Sequence[str]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+        """A function from a record's ``keys`` entry to its coordinates on ``axes``."""
+        index = list(self.axes)
+        positions = [index.index(a) for a in axes]
+        if len(positions) == 1:
+            (only,) = positions
+            return lambda key: (key[only],)
+        if not positions:
+            return lambda key: ()
+        return operator.itemgetter(*positions)
 
     def state(self, record: Mapping[str, Any]) -> str:
         """``cell_state(record)``, computed once per record of this document."""
         state = self.states.get(id(record))
         return state if state is not None else cell_state(record)
+
+    def rejection_text(self, record: Mapping[str, Any]) -> str:
+        """``rejection_text(record)``, made once per distinct outcome and expectation."""
+        key = (id(record.get("outcome")), id(record.get("expectation")))
+        text = self._rejections.get(key)
+        if text is None:
+            text = self._rejections[key] = rejection_text(record)
+        return text
+
+    def note(self, record: Mapping[str, Any], state: str) -> str | None:
+        """``state_note(record, state)``, made once per distinct set of the values it reads."""
+        if state == REJECTED:
+            return self.rejection_text(record)
+        key = (state, id(record.get("expectation")), record.get("reason"), record.get("verdict"))
+        try:
+            return self._notes[key]
+        except KeyError:
+            text = self._notes[key] = state_note(record, state)
+            return text
+        except TypeError:  # a reason that is not a string
+            return state_note(record, state)
 
     def uncovered(self) -> list[str]:
         """MLA-capable backends the engine registers that the matrix does not list (``engine.coverage``)."""
@@ -307,21 +394,33 @@ class ReportModel:
             return BUILTIN_MODELS[model].mla
         if self._case_mla is None:
             self._case_mla = {}
+            seen: set[tuple[int, Any]] = set()  # (kernel value, model) already looked at (records share them)
             for c in self.cells:
+                kernel = c.get("kernel")
+                if not kernel:
+                    continue
+                name = (c.get("coords") or {}).get("model")
+                if (id(kernel), name) in seen:
+                    continue
+                seen.add((id(kernel), name))
                 case = kernel_of(c).get("case")
                 if isinstance(case, dict) and isinstance(case.get("mla"), bool):
-                    self._case_mla.setdefault((c.get("coords") or {}).get("model"), case["mla"])
+                    self._case_mla.setdefault(name, case["mla"])
         return self._case_mla.get(model)
 
     def _axes(self) -> dict[str, list[Any]]:
         declared = self.run.get("axes") or {}
         axes: dict[str, list[Any]] = {a: list(v) for a, v in declared.items()}
-        seen: dict[str, set[Any]] = {a: set(v) for a, v in axes.items()}
-        for cell in self.cells:
-            for a, v in (cell.get("coords") or {}).items():
-                if v not in seen.setdefault(a, set()):
-                    seen[a].add(v)
-                    axes.setdefault(a, []).append(v)
+        coords = [c.get("coords") or {} for c in self.cells]
+        names = list(coords[0]) if coords else []
+        later = set().union(*coords) - set(names)
+        for cs in coords if later else ():  # axes only later cells have, in order of first appearance
+            names += [a for a in cs if a in later and a not in names]
+        for a in names:
+            known = set(axes.get(a, ()))  # values in the cells the run did not declare, in first-seen order
+            new = [v for v in dict.fromkeys(cs[a] for cs in coords if a in cs) if v not in known]
+            if new or a not in axes:
+                axes.setdefault(a, []).extend(new)
         ordered = {a: axes[a] for a in AXES if a in axes}
         ordered.update({a: v for a, v in axes.items() if a not in ordered})
         return ordered
@@ -350,12 +449,10 @@ class ReportModel:
                tables: Sequence[str] | None = None) -> tuple[list[Table], list[str], list[str], list[str], list[str]]:
         t_axes, r_axes, c_axes, hidden = self.layout(rows, cols, tables)
         by_table: dict[tuple[Any, ...], dict[tuple[Any, ...], dict[tuple[Any, ...], list]]] = {}
+        keys, t_of, r_of, c_of = self.keys, self.picker(t_axes), self.picker(r_axes), self.picker(c_axes)
         for cell in self.feature_cells:  # probes are listed under "Input validation" instead
-            coords = cell.get("coords") or {}
-            tk = tuple(coords.get(a) for a in t_axes)
-            rk = tuple(coords.get(a) for a in r_axes)
-            ck = tuple(coords.get(a) for a in c_axes)
-            by_table.setdefault(tk, {}).setdefault(rk, {}).setdefault(ck, []).append(cell)
+            key = keys[id(cell)]
+            by_table.setdefault(t_of(key), {}).setdefault(r_of(key), {}).setdefault(c_of(key), []).append(cell)
         # Every row/column value of the axes shows, even where no cell was reported.
         all_rows = _product([self.feature_axes[a] for a in r_axes])
         all_cols = _product([self.feature_axes[a] for a in c_axes])
@@ -370,21 +467,25 @@ class ReportModel:
         if not records:
             return Summary(MISSING, SYMBOLS[MISSING], 0, 0, [], [])
         parts: dict[tuple[str, str | None], list[tuple[Any, ...]]] = {}
+        state_notes, keys, hidden_of = self.state_notes, self.keys, self.picker(hidden)
         for r in records:
-            state = cell_state(r)
-            coords = r.get("coords") or {}
-            parts.setdefault((state, state_note(r, state, self.finding_of(r))), []).append(
-                tuple(coords.get(a) for a in hidden))
+            sn = state_notes.get(id(r))
+            if sn is None:  # a record of another document
+                state = cell_state(r)
+                sn = (state, state_note(r, state, self.finding_of(r)))
+            key = keys.get(id(r))
+            point = hidden_of(key) if key is not None else tuple(map((r.get("coords") or {}).get, hidden))
+            parts.setdefault(sn, []).append(point)
+        total = len(records)
+        if len(parts) == 1:  # most table cells: one state, one note
+            ((state, text),) = parts
+            refs = [notes.ref(text)] if text else []
+            return Summary(state, SYMBOLS[state], total if state in ACCEPTED_STATES else 0, total, refs, records)
         universe = [t for ts in parts.values() for t in ts]
-        states = Counter()
+        states: Counter = Counter()
         for (state, _), ts in parts.items():
             states[state] += len(ts)
         accepted = sum(states[s] for s in ACCEPTED_STATES)
-        total = len(records)
-        if len(parts) == 1:
-            ((state, text),) = parts
-            refs = [notes.ref(text)] if text else []
-            return Summary(state, SYMBOLS[state], accepted, total, refs, list(records))
 
         def entry(state: str, text: str | None, ts: list[tuple[Any, ...]]) -> str:
             where = describe_coords(hidden, ts, universe, self.order)
@@ -437,7 +538,8 @@ class ReportModel:
         return sorted(wheres)
 
     def bad_cells(self) -> list[Mapping[str, Any]]:
-        return [c for c in self.cells if cell_state(c) == BAD]
+        states = self.states
+        return [c for c in self.cells if states[id(c)] == BAD]
 
 
 def _product(lists: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:

@@ -1,41 +1,172 @@
 """The JSON result file: the one primary artifact every rendering is built from.
 
-Schema (version 1), documented in ``docs/report-schema.md``::
+Schema version 2 (``docs/report-schema.md``) is one JSON document, written
+as the run goes and read back line by line when its writer was killed::
 
-    {"schema": "pytest-mla/result", "schema_version": 1,
-     "run": {...run metadata...}, "cells": [{...one record per cell...}]}
+    {"schema":"pytest-mla/result","schema_version":2,
+    "run":{...what is known when the run starts...},
+    "cells":[
+    {"values":[...]},            table entries, defined before their first use
+    [shape, slot, slot, ...],    one cell (codec.py)
+    ...
+    ],
+    "end":{...what is known when the run ends: counts, complete, ...}}
 
-Fields added by ``pytest-mla merge`` (``merge.py``): ``run.merged_from``,
-``run.conflicts``, and per cell ``kernel_runs`` and ``conflict``. Readers
-ignore fields they do not know; adding a field keeps version 1, renaming or
-removing one (or changing its meaning) bumps ``SCHEMA_VERSION``.
+``read_results`` returns the plain document ``{"schema", "schema_version",
+"run", "cells"}`` (``end`` folded into ``run``) for both versions: version 1
+files (one plain record per cell) keep working everywhere. A version-2 file
+cut short is read up to its last complete cell and says how many it lost
+(``document["warnings"]``).
 
-Written atomically: a temporary file in the same folder, then ``os.replace``,
-so a killed run never leaves half a file.
+Committed outputs must not change when nothing changed, so the facts of a
+run that differ every time (``VOLATILE_RUN_KEYS``, ``VOLATILE_CELL_KEYS``,
+``VOLATILE_KERNEL_KEYS``: timestamps, commit, command line, durations) are
+not written into the result file; the controller keeps them in a side file
+(``run_facts.py``).
+
+Readers ignore fields they do not know; adding a field keeps the version;
+renaming or removing one, or changing the file's layout, bumps it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Iterable, Mapping, Sequence
+
+from .codec import CodecError, Decoder, Encoder
 
 SCHEMA = "pytest-mla/result"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions ``read_results`` reads.
+READABLE_VERSIONS = (1, 2)
+
+#: Run facts known only when the run ends: written under ``end``.
+END_KEYS = ("triton_mode", "complete", "interrupted", "cells_reported", "counts")
+#: Facts that differ on every run of the same inputs: kept out of result files.
+VOLATILE_RUN_KEYS = ("started", "finished", "git_commit", "args")
+VOLATILE_CELL_KEYS = ("duration_s",)
+#: ``reused``: under xdist, which of two cells sharing a kernel check computes it depends on timing.
+VOLATILE_KERNEL_KEYS = ("time_s", "reused")
+
+_HEAD = f'{{"schema":"{SCHEMA}","schema_version":{SCHEMA_VERSION},\n'
+_VERSION = re.compile(r'^\s*\{\s*"schema"\s*:\s*"([^"]*)"\s*,\s*"schema_version"\s*:\s*(-?\d+)')
 
 
 class ResultFileError(ValueError):
     """A file that is not a readable pytest-mla result; prints as one line."""
 
 
+# -- writing ---------------------------------------------------------------------------
 def build_document(run: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": dict(run), "cells": list(cells)}
 
 
+def split_run(run: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(head, end)``: the run facts written before the cells and those written after them."""
+    head = {k: v for k, v in run.items() if k not in END_KEYS}
+    end = {k: run[k] for k in END_KEYS if k in run}
+    return head, end
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=1, ensure_ascii=False, allow_nan=False, default=_plain)
+
+
+class ResultStream:
+    """A result file written cell by cell: header first, each cell as it finishes, ``end`` last.
+
+    Opened on ``path`` itself (not a temporary file), each cell written with
+    one unbuffered ``write``: a killed run leaves every cell it had finished,
+    readable (``read_results`` stops at the last whole cell). ``add``
+    returns the record made of shared values (see ``codec.Encoder``);
+    ``finish`` closes the document.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], run_head: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.fallback = False  # a temporary file standing in for one that could not be written
+        self.encoder = Encoder()
+        self.records: list[Mapping[str, Any]] = []  # what was written, in order
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        head = _HEAD + '"run":' + _pretty(dict(run_head)) + ',\n"cells":[\n'
+        self._file: IO[bytes] | None = open(self.path, "wb", buffering=0)  # noqa: SIM115 - open for the whole run
+        self._pos = 0  # bytes written so far
+        self._comma_at = -1  # file offset of the comma after the last entry
+        try:
+            self._write(head.encode("utf-8"))
+        except BaseException:
+            self.close()
+            raise
+
+    def add(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Write one cell; returns it rebuilt from the table's shared values."""
+        line, canonical = self.encoder.cell(record)
+        values = self.encoder.take_values()
+        text = (values + ",\n" + line + ",\n") if values is not None else (line + ",\n")
+        self._write(text.encode("utf-8"))
+        self._comma_at = self._pos - 2
+        self.records.append(canonical)
+        return canonical
+
+    def _write(self, data: bytes) -> None:
+        assert self._file is not None, "the stream is finished"
+        view = memoryview(data)
+        while view:
+            written = self._file.write(view)
+            view = view[written:]
+        self._pos += len(data)
+
+    def finish(self, run_end: Mapping[str, Any]) -> Path:
+        """Close the cells and write ``end``; the file is complete."""
+        assert self._file is not None, "the stream is finished"
+        try:
+            if self._comma_at >= 0:  # the last entry takes no comma
+                self._file.seek(self._comma_at)
+                self._file.truncate()
+                self._pos = self._comma_at
+                self._write(b"\n")
+            self._write(('],\n"end":' + _pretty(dict(run_end)) + "}\n").encode("utf-8"))
+        finally:
+            self.close()
+        return self.path
+
+    def close(self) -> None:
+        """Stop writing, leaving the file as it is (a cut-short result)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def results_text(run: Mapping[str, Any], cells: Iterable[Mapping[str, Any]]) -> str:
+    """The text of a result file (the same bytes a ``ResultStream`` writes for these cells)."""
+    head, end = split_run(run)
+    encoder = Encoder()
+    parts = [_HEAD, '"run":', _pretty(head), ',\n"cells":[\n']
+    lines = []
+    for record in cells:
+        line, _ = encoder.cell(record)
+        values = encoder.take_values()
+        if values is not None:
+            lines.append(values)
+        lines.append(line)
+    parts.append(",\n".join(lines))
+    parts.append(("\n" if lines else "") + '],\n"end":' + _pretty(end) + "}\n")
+    return "".join(parts)
+
+
+def write_results(path: str | os.PathLike[str], run: Mapping[str, Any],
+                  cells: Sequence[Mapping[str, Any]]) -> Path:
+    """A whole result file, atomically (serialised first: a value that is not JSON touches no file)."""
+    return write_text_atomic(path, results_text(run, cells))
+
+
 def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
-    """Serialise first (a value that is not plain JSON fails before any file is touched), then write."""
+    """Plain JSON (not a result file: e.g. a shared kernel result), atomically."""
     text = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False, default=_plain) + "\n"
     return write_text_atomic(path, text)
 
@@ -58,11 +189,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
-def write_results(path: str | os.PathLike[str], run: Mapping[str, Any],
-                  cells: Sequence[Mapping[str, Any]]) -> Path:
-    return write_json_atomic(path, build_document(run, cells))
-
-
+# -- reading ---------------------------------------------------------------------------
 def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check a result file; raise ``ResultFileError`` with a one-line reason."""
     shown = os.fspath(path)
@@ -79,6 +206,18 @@ def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def parse_results(text: str, shown: str = "<result>") -> dict[str, Any]:
     """A result document from its text (``read_results`` without the file); ``shown`` names it in errors."""
+    # Reading makes a few objects per cell and no garbage cycles: the cyclic collector, paused,
+    # does not walk the growing document again and again.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_results(text, shown)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _parse_results(text: str, shown: str) -> dict[str, Any]:
     text = text.removeprefix("\ufeff")
     if not text.lstrip().startswith("{"):
         what = "empty file" if not text.strip() else "not JSON"
@@ -86,20 +225,131 @@ def parse_results(text: str, shown: str = "<result>") -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
+        head = _VERSION.match(text)
+        if head and head.group(1) == SCHEMA:
+            version = int(head.group(2))
+            _check_version(version, shown)
+            if version >= 2:
+                return check_document(_recover(text, shown), shown)
         truncated = exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string")
         hint = " (truncated?)" if truncated else ""
         raise ResultFileError(f"{shown}:{exc.lineno}: invalid JSON{hint}: {exc.msg}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ResultFileError(f"{shown}: not a pytest-mla result file (no \"schema\": \"{SCHEMA}\")")
+    _check_version(doc.get("schema_version"), shown)
+    if doc["schema_version"] >= 2:
+        doc = _decode(doc, shown)
     return check_document(doc, shown)
+
+
+def _check_version(version: Any, shown: str) -> None:
+    if version in READABLE_VERSIONS:
+        return
+    readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise ResultFileError(f"{shown}: schema version {version} is newer than this pytest-mla reads "
+                              f"(versions {readable}); upgrade pytest-mla to read it")
+    raise ResultFileError(f"{shown}: schema version {version!r} is not supported "
+                          f"(this pytest-mla reads versions {readable})")
+
+
+def _decode(doc: Mapping[str, Any], shown: str) -> dict[str, Any]:
+    """The plain document of a parsed version-2 file."""
+    run, entries, end = doc.get("run"), doc.get("cells"), doc.get("end", {})
+    if not isinstance(run, dict) or not isinstance(entries, list) or not isinstance(end, dict):
+        raise ResultFileError(f"{shown}: malformed result file: needs a \"run\" object and a \"cells\" list")
+    decoder = Decoder()
+    cells = []
+    add_values, cell = decoder.add_values, decoder.cell
+    i = 0
+    try:
+        for i, entry in enumerate(entries):
+            if type(entry) is list:
+                cells.append(cell(entry))
+            elif type(entry) is dict and len(entry) == 1 and "values" in entry:
+                if not isinstance(entry["values"], list):
+                    raise CodecError("\"values\" must be a list")
+                add_values(entry["values"])
+            else:  # a plain record, as read_results returns it (a document dumped again with json.dumps)
+                cells.append(entry)
+    except CodecError as exc:
+        raise ResultFileError(f"{shown}: malformed cells[{i}]: {exc}") from None
+    return {"schema": SCHEMA, "schema_version": doc["schema_version"], "run": {**run, **end}, "cells": cells}
+
+
+def _recover(text: str, shown: str) -> dict[str, Any]:
+    """A version-2 file cut short (its writer was killed): every whole cell, and a warning saying
+    how many were lost."""
+    decoder = json.JSONDecoder()
+    pos = _VERSION.match(text).end()  # type: ignore[union-attr]  # checked by the caller
+    ws = re.compile(r"[\s,]*")
+
+    def expect(token: str, at: int) -> int:
+        at = ws.match(text, at).end()  # type: ignore[union-attr]
+        if not text.startswith(token, at):
+            raise ResultFileError(f"{shown}: cut short before its cells (no {token!r} where expected); "
+                                  "nothing to read")
+        return at + len(token)
+
+    pos = expect('"run"', pos)
+    pos = expect(":", pos)
+    try:
+        run, pos = decoder.raw_decode(text, ws.match(text, pos).end())  # type: ignore[union-attr]
+    except json.JSONDecodeError:
+        raise ResultFileError(f"{shown}: cut short in its run facts; no cell to read") from None
+    pos = expect('"cells"', pos)
+    pos = expect(":", pos)
+    pos = expect("[", pos)
+    entries = []
+    while True:
+        pos = ws.match(text, pos).end()  # type: ignore[union-attr]
+        if pos >= len(text) or text[pos] == "]":
+            break
+        try:
+            entry, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        entries.append(entry)
+    if isinstance(run, dict) and text[pos:pos + 1] == "]":  # whole cells, then broken after them
+        tail = text[pos + 1:]
+        m = re.match(r'\s*,\s*"end"\s*:\s*', tail)
+        if m:
+            try:
+                end, _ = decoder.raw_decode(tail, m.end())
+                if isinstance(end, dict):  # only the closing brace is missing
+                    return _decode({"schema_version": SCHEMA_VERSION, "run": run, "cells": entries,
+                                    "end": end}, shown)
+            except json.JSONDecodeError:
+                pass
+    if not isinstance(run, dict):
+        raise ResultFileError(f"{shown}: malformed result file: \"run\" must be an object")
+    # Entries are whole up to the first that does not parse; a values line without its cell is harmless.
+    doc = _decode({"schema_version": SCHEMA_VERSION, "run": run, "cells": entries, "end": {}}, shown)
+    read = len(doc["cells"])
+    expected = run.get("cells_selected", run.get("cells_total"))
+    doc["run"].update(complete=False, interrupted=True, cells_reported=read)
+    doc["run"].setdefault("counts", _counts(doc["cells"]))
+    lost = (f"{expected - read} of the {expected} cells it was to report are missing"
+            if isinstance(expected, int) and expected >= read else "the cells after them are missing")
+    doc["warnings"] = [f"{shown}: cut short (its writer stopped): read the {read} whole cell(s) before the cut; "
+                       f"{lost}"]
+    return doc
+
+
+def _counts(cells: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    from ..core.verdicts import VERDICTS
+
+    counts = {v: 0 for v in VERDICTS}
+    for c in cells:
+        if c.get("verdict") in counts:
+            counts[c["verdict"]] += 1
+    return counts
 
 
 def check_document(doc: Any, shown: str = "<result>") -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultFileError(f"{shown}: not a pytest-mla result file (no \"schema\": \"{SCHEMA}\")")
-    version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ResultFileError(
-            f"{shown}: schema version {version!r} is not supported (this pytest-mla reads version {SCHEMA_VERSION})"
-        )
+    _check_version(doc.get("schema_version"), shown)
     if not isinstance(doc.get("run"), dict) or not isinstance(doc.get("cells"), list):
         raise ResultFileError(f"{shown}: malformed result file: needs a \"run\" object and a \"cells\" list")
     run = doc["run"]
@@ -111,21 +361,49 @@ def check_document(doc: Any, shown: str = "<result>") -> dict[str, Any]:
                                   + (" of lists" if key != "models" else ""))
     first: dict[str, int] = {}
     for i, cell in enumerate(doc["cells"]):
-        if not isinstance(cell, dict) or not isinstance(cell.get("id"), str) or "verdict" not in cell:
+        if type(cell) is not dict:
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: needs \"id\" and \"verdict\"")
-        if first.setdefault(cell["id"], i) != i:
-            raise ResultFileError(f"{shown}: cells[{i}] repeats cell {cell['id']!r} of cells[{first[cell['id']]}]")
-        if cell["verdict"] is not None and not isinstance(cell["verdict"], str):
+        cell_id = cell.get("id")
+        if type(cell_id) is not str or "verdict" not in cell:
+            raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: needs \"id\" and \"verdict\"")
+        if first.setdefault(cell_id, i) != i:
+            raise ResultFileError(f"{shown}: cells[{i}] repeats cell {cell_id!r} of cells[{first[cell_id]}]")
+        verdict = cell["verdict"]
+        if verdict is not None and type(verdict) is not str:
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"verdict\" must be a string")
         for key in ("coords", "expectation", "outcome", "kernel"):
-            if cell.get(key) is not None and not isinstance(cell[key], dict):
+            value = cell.get(key)
+            if value is not None and type(value) is not dict:
                 raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"{key}\" must be an object")
-        if cell.get("kernel_runs") is not None and not (
-                isinstance(cell["kernel_runs"], list) and all(isinstance(k, dict) for k in cell["kernel_runs"])):
+        runs = cell.get("kernel_runs")
+        if runs is not None and not (isinstance(runs, list) and all(isinstance(k, dict) for k in runs)):
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"kernel_runs\" must be a list of objects")
-        if cell.get("notes") is not None and not isinstance(cell["notes"], list):
+        notes = cell.get("notes")
+        if notes is not None and type(notes) is not list:
             raise ResultFileError(f"{shown}: malformed cell record at cells[{i}]: \"notes\" must be a list")
     return doc
+
+
+def split_volatile(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(record, facts)``: the record without the facts that differ on every run, and those facts."""
+    kept = dict(record)
+    facts = {k: kept.pop(k) for k in VOLATILE_CELL_KEYS if k in kept}
+    kernel = kept.get("kernel")
+    if isinstance(kernel, dict) and any(k in kernel for k in VOLATILE_KERNEL_KEYS):
+        kernel = dict(kernel)
+        facts["kernel"] = {k: kernel.pop(k) for k in VOLATILE_KERNEL_KEYS if k in kernel}
+        kept["kernel"] = kernel
+    return kept, facts
+
+
+def with_volatile(record: Mapping[str, Any], facts: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``record`` with the facts ``split_volatile`` took out of it put back (for the terminal summary)."""
+    if not facts:
+        return record
+    whole = {**record, **{k: v for k, v in facts.items() if k != "kernel"}}
+    if isinstance(facts.get("kernel"), dict) and isinstance(record.get("kernel"), dict):
+        whole["kernel"] = {**record["kernel"], **facts["kernel"]}
+    return whole
 
 
 def _umask() -> int:
@@ -140,3 +418,24 @@ def _plain(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     raise TypeError(f"not a plain JSON value: {type(value).__name__}")
+
+
+# -- the side file of volatile run facts --------------------------------------------------
+RUN_FACTS_SCHEMA = "pytest-mla/run-facts"
+
+
+def run_facts_path(result: str | os.PathLike[str]) -> Path:
+    """``reports/x.run.json`` for ``reports/x.json``."""
+    result = Path(result)
+    stem = result.name[:-5] if result.name.endswith(".json") else result.name
+    return result.parent / f"{stem}.run.json"
+
+
+def write_run_facts(path: str | os.PathLike[str], result: str | os.PathLike[str], run: Mapping[str, Any],
+                    cells: Mapping[str, Mapping[str, Any]]) -> Path:
+    """The facts of one run that are kept out of its result file: ``run`` (timestamps, commit,
+    command line) and, per cell id, its volatile fields (``duration_s``, ``kernel.time_s``)."""
+    document = {"schema": RUN_FACTS_SCHEMA, "schema_version": 1, "results": Path(result).name,
+                **dict(run), "cells": dict(cells)}
+    text = json.dumps(document, ensure_ascii=False, allow_nan=False, default=_plain, separators=(",", ":"))
+    return write_text_atomic(path, text + "\n")

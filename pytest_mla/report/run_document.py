@@ -1,9 +1,10 @@
 """The result document of one matrix: its cells in matrix order and the run's metadata.
 
-``build_document`` is a pure function of what the controller gathered
-(records by node id, user-test outcomes, the engine's facts, the session's
-settings); ``versions`` and ``git_commit`` read the environment once. The
-document is what ``results.write_results`` writes and every renderer reads.
+``run_head`` (facts known before the first cell, written at the top of the
+result file as the run starts), ``run_end`` (counts, completeness) and
+``build_document`` are pure functions of what the controller gathered;
+``versions``, ``git_commit`` and ``now`` read the environment. The document
+is what ``results.write_results`` writes and every renderer reads.
 """
 
 from __future__ import annotations
@@ -21,29 +22,18 @@ from ..core.matrix import Matrix
 from ..core.records import CellRecord, kernel_of
 from ..core.verdicts import VERDICTS
 
-__all__ = ["build_document", "git_commit", "now", "versions"]
+__all__ = ["build_document", "run_head", "run_end", "git_commit", "now", "versions"]
 
 
-def build_document(matrix: Matrix, records: Iterable[CellRecord], *, engine: Mapping[str, Any],
-                   user_tests: Mapping[tuple[str, str], Mapping[str, str]], host: Mapping[str, Any],
-                   environment: Mapping[str, Any], interrupted: bool) -> dict[str, Any]:
-    """``{"run": ..., "cells": [...]}`` for ``matrix``.
+def run_head(matrix: Matrix, *, engine: Mapping[str, Any], host: Mapping[str, Any],
+             environment: Mapping[str, Any], cells_selected: int | None = None) -> dict[str, Any]:
+    """The run facts known before the first cell: what ran where, and the matrix.
 
-    ``records``: finished records of any matrix (those of others are left
-    out); ``engine``: name, version, described_versions, metadata,
-    unavailable; ``environment``: versions, git_commit, started, finished,
-    seed, dcp_mode, args.
+    ``engine``: name, version, described_versions, metadata, unavailable;
+    ``environment``: versions, seed, dcp_mode. Nothing here changes between
+    two runs of the same inputs (timestamps, the commit and the command line
+    are kept in the run-facts side file).
     """
-    by_id = {r["id"]: r for r in records if r.get("matrix") == matrix.name}
-    cells: list[CellRecord] = []
-    for cell in matrix.cells():
-        record = by_id.get(cell.id)
-        if record is None:
-            continue
-        user = user_tests.get((matrix.name, cell.id))
-        cells.append(CellRecord(record, user_tests=dict(sorted(user.items()))) if user else record)
-    counts = Counter(r["verdict"] for r in cells)
-    wheres = sorted({kernel_of(r).get("where") for r in cells} - {None})
     run = {
         "matrix": matrix.name,
         "matrix_file": matrix.path,
@@ -51,24 +41,52 @@ def build_document(matrix: Matrix, records: Iterable[CellRecord], *, engine: Map
         "engine": dict(engine),
         "host": dict(host),
         "versions": environment["versions"],
-        "triton_mode": wheres[0] if len(wheres) == 1 else (wheres or None),
-        "git_commit": environment["git_commit"],
-        "started": environment["started"],
-        "finished": environment["finished"],
         "seed": environment["seed"] if environment["seed"] is not None else matrix.seed,
         "kernel_dtype": matrix.kernel_dtype,
         "dcp_mode": environment["dcp_mode"],
-        "args": list(environment["args"]),
-        "complete": not interrupted and len(cells) == matrix.size,
-        "interrupted": interrupted,
         "cells_total": matrix.size,
-        "cells_reported": len(cells),
-        "counts": {v: counts.get(v, 0) for v in VERDICTS},
         "axes": {k: list(v) for k, v in matrix.axes.items()},
         "probes": {k: list(v) for k, v in matrix.probes.items()},
         "models": {name: matrix.models[name].as_dict() for name in matrix.axes["model"]},
     }
-    return {"run": run, "cells": cells}
+    if cells_selected is not None:
+        run["cells_selected"] = cells_selected
+    return run
+
+
+def run_end(matrix: Matrix, cells: list[CellRecord], *, interrupted: bool) -> dict[str, Any]:
+    """The run facts known when it ends."""
+    counts = Counter(r["verdict"] for r in cells)
+    wheres = sorted({kernel_of(r).get("where") for r in cells} - {None})
+    return {
+        "triton_mode": wheres[0] if len(wheres) == 1 else (wheres or None),
+        "complete": not interrupted and len(cells) == matrix.size,
+        "interrupted": interrupted,
+        "cells_reported": len(cells),
+        "counts": {v: counts.get(v, 0) for v in VERDICTS},
+    }
+
+
+def matrix_cells(matrix: Matrix, records: Iterable[CellRecord],
+                 user_tests: Mapping[tuple[str, str], Mapping[str, str]]) -> list[CellRecord]:
+    """The finished records of ``matrix`` (those of others are left out), in matrix order, with
+    their user-test outcomes."""
+    by_id = {r["id"]: r for r in records if r.get("matrix") == matrix.name}
+    cells: list[CellRecord] = []
+    for cell_id in matrix.cell_ids():
+        record = by_id.get(cell_id)
+        if record is None:
+            continue
+        user = user_tests.get((matrix.name, cell_id)) if user_tests else None
+        cells.append(CellRecord(record, user_tests=dict(sorted(user.items()))) if user else record)
+    return cells
+
+
+def build_document(matrix: Matrix, records: Iterable[CellRecord], *, head: Mapping[str, Any],
+                   user_tests: Mapping[tuple[str, str], Mapping[str, str]], interrupted: bool) -> dict[str, Any]:
+    """``{"run": ..., "cells": [...]}`` for ``matrix``: ``head`` (``run_head``) and ``run_end`` of its cells."""
+    cells = matrix_cells(matrix, records, user_tests)
+    return {"run": {**head, **run_end(matrix, cells, interrupted=interrupted)}, "cells": cells}
 
 
 def now() -> str:

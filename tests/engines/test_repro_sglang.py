@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pytest_mla.cli import main
+from pytest_mla.report.results import read_results
 
 from ._venv import ROOT, run_matrix, venv_python
 
@@ -54,7 +55,7 @@ def result(sglang_python, tmp_path_factory):
                      "--mla-select", "model=deepseek-v3,deepseek-v2-lite,llama-3.1-8b", timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     path = out / "slice.json"
-    cells = {c["id"]: c for c in json.loads(path.read_text())["cells"]}
+    cells = {c["id"]: c for c in read_results(path)["cells"]}
     assert len(cells) == 6
     return path
 
@@ -104,7 +105,7 @@ def test_the_poison_works(sglang_python, poison):
 
 @pytest.mark.parametrize("cell", list(FINDINGS))
 def test_each_finding_reproduces_with_the_engines_own_exception(cell, result, sglang_python, poison, tmp_path):
-    record = next(c for c in json.loads(result.read_text())["cells"] if c["id"] == cell)
+    record = next(c for c in read_results(result)["cells"] if c["id"] == cell)
     error, function = FINDINGS[cell]
     assert (record["kernel"]["raised"], record["kernel"]["function"]) == (error, function)  # the matrix run saw it
     script = generate(result, cell, tmp_path / "repro.py")
@@ -201,4 +202,4 @@ def test_the_reports_serve_flags_are_flags_sglang_parses_into_the_cells_configur
 
 
 def record_model(result: Path, cell: str) -> str:
-    return next(c for c in json.loads(result.read_text())["cells"] if c["id"] == cell)["coords"]["model"]
+    return next(c for c in read_results(result)["cells"] if c["id"] == cell)["coords"]["model"]

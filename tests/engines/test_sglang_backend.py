@@ -18,6 +18,7 @@ import pytest
 
 from pytest_mla.core.matrix import load_matrix
 from pytest_mla.engines.sglang.checks import kernel_for
+from pytest_mla.report.results import read_results
 
 from ._venv import ROOT, run_matrix, venv_python
 
@@ -102,7 +103,7 @@ def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
                         "--mla-select=backend=triton,fa3,flashmla", "--mla-select=arch=sm90",
                         "--mla-select=kv_dtype=auto,fp8_e5m2", "--mla-select=spec=none,eagle-4x3")
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = {c["id"]: c for c in json.loads(next(tmp_path.glob("sglang-*.json")).read_text())["cells"]}
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("sglang-*.json")))["cells"]}
     for kv in ("auto", "fp8_e5m2"):
         for spec in ("none", "eagle-4x3"):
             ok = cells[f"deepseek-v2-lite/triton/dcp1/{spec}/sm90/kv-{kv}"]

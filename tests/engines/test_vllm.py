@@ -15,6 +15,8 @@ import textwrap
 
 import pytest
 
+from pytest_mla.report.results import read_results
+
 from ._venv import ROOT, run_matrix, venv_python
 
 pytest_plugins = ["pytester"]
@@ -28,7 +30,7 @@ VENVS = [pytest.param(".venv-vllm", "0.34.0", id="vllm-0.34.0"),
 
 
 def _report(report_dir):
-    return json.loads(next(report_dir.glob("vllm-*.json")).read_text())
+    return read_results(next(report_dir.glob("vllm-*.json")))
 
 
 def _cells(report_dir):
@@ -373,7 +375,7 @@ def test_an_engine_the_adapter_cannot_drive_is_error_naming_step_and_version(pyt
                                            "--mla-report-dir=reports", "--mla-report-name=m")
     result.assert_outcomes(failed=2)  # verdict error fails its test item
     result.stdout.fnmatch_lines(["*: error", "*adapter error: adapter step*"])
-    doc = json.loads((pytester.path / "reports" / "m.json").read_text())
+    doc = read_results(pytester.path / "reports" / "m.json")
     step, message = FAKE_STEPS[fake]
     expected = f"adapter error: adapter step '{step}' failed on vllm 9.9.9: {message}"
     for cell in doc["cells"]:

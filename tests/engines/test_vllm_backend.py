@@ -18,6 +18,8 @@ import subprocess
 
 import pytest
 
+from pytest_mla.report.results import read_results
+
 from ._venv import ROOT, run_matrix, venv_python
 
 MATRIX = ROOT / "matrix" / "vllm.toml"
@@ -126,7 +128,8 @@ def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
     result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=deepseek-v2-lite",
                         "--mla-select=backend=TRITON_MLA,FLASHMLA", "--mla-select=arch=sm90",
                         "--mla-select=page_size=64", "--mla-select=kv_dtype=auto")
-    cells = {c["id"]: c for c in json.loads(next(tmp_path.glob("vllm-*.json")).read_text())["cells"]}
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("vllm-*.json")))["cells"]}
     triton = [c for c in cells.values() if c["coords"]["backend"] == "TRITON_MLA" and c["outcome"]["kind"] == "accepted"]
     prefill = [c for c in triton if c["coords"]["dcp"] > 1 and c["coords"]["spec"] != "none"]
     assert prefill and all(c["kernel"]["status"] == "verified" and c["kernel"]["level"] == "emulated"
@@ -148,7 +151,7 @@ def test_baseline_slice_every_accepted_cell_is_verified_emulated_or_a_declared_f
     python = venv_python(".venv-vllm")
     result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", *BASELINE, "-n", "2", timeout=1500)
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = json.loads(next(tmp_path.glob("vllm-*.json")).read_text())["cells"]
+    cells = read_results(next(tmp_path.glob("vllm-*.json")))["cells"]
     accepted = [c for c in cells if c["outcome"]["kind"] == "accepted"]
     backends = {c["coords"]["backend"] for c in accepted}
     assert backends == {"FLASHMLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "CUTLASS_MLA"}, backends

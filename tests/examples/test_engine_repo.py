@@ -7,13 +7,13 @@ subprocess there, as the example's own CI would.
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from pytest_mla.cli import main as pytest_mla_cli
+from pytest_mla.report.results import read_results
 
 pytest_plugins = ["pytester"]
 
@@ -35,7 +35,7 @@ def run(repo: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def report(repo: pytest.Pytester, folder: str = "reports") -> dict:
-    return json.loads((repo.path / folder / "tiny.json").read_text(encoding="utf-8"))
+    return read_results(repo.path / folder / "tiny.json")
 
 
 def without_timings(value):
@@ -104,7 +104,7 @@ def test_three_shards_merge_into_the_unsharded_run(repo):
         shards.append(str(repo.path / f"shard{i}" / "tiny.json"))
     merged_path = repo.path / "merged.json"
     assert pytest_mla_cli(["merge", *shards, "-o", str(merged_path)]) == 0
-    merged = json.loads(merged_path.read_text(encoding="utf-8"))
+    merged = read_results(merged_path)
 
     assert [c["id"] for c in merged["cells"]] == [c["id"] for c in whole["cells"]]
     assert without_timings(merged["cells"]) == without_timings(whole["cells"])
@@ -120,7 +120,7 @@ def test_merged_shards_are_complete(repo):
         run(repo, "--mla-matrix", "--mla-kernel=off", f"--mla-shard={i}/2", f"--mla-report-dir=shard{i}")
         shards.append(str(repo.path / f"shard{i}" / "tiny.json"))
     assert pytest_mla_cli(["merge", *shards, "-o", str(repo.path / "merged.json")]) == 0
-    assert json.loads((repo.path / "merged.json").read_text(encoding="utf-8"))["run"]["complete"] is True
+    assert read_results(repo.path / "merged.json")["run"]["complete"] is True
 
 
 def test_the_engines_own_kernel_verifies_under_the_interpreter(repo):

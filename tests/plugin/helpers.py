@@ -3,6 +3,8 @@
 import json
 import textwrap
 
+from pytest_mla.report.results import read_results
+
 LIAR_CONFTEST = '''
 import os
 from pytest_mla.engines.protocol import Configured
@@ -51,8 +53,12 @@ def matrix(backends, rules="", engine="liar", archs=("sm90", "sm100"), extra="")
 
 
 def read_report(pytester, name="m"):
-    path = pytester.path / "reports" / f"{name}.json"
-    return json.loads(path.read_text())
+    return read_results(pytester.path / "reports" / f"{name}.json")
+
+
+def run_facts(pytester, name="m"):
+    """Cell id → the volatile facts of its record (``reports/<name>.run.json``)."""
+    return json.loads((pytester.path / "reports" / f"{name}.run.json").read_text())["cells"]
 
 
 def verdicts(doc):

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from pytest_mla.report.results import read_results
+
 from .helpers import matrix, read_report, verdicts
 
 pytest_plugins = ["pytester"]
@@ -301,12 +303,12 @@ def test_an_engines_name_and_version_cannot_steer_the_report_files(pytester):
     result.assert_outcomes(passed=2)
     _no_traceback(result)
     reports = pytester.path / "reports"
-    written = sorted(p.name for p in reports.iterdir())
-    assert len(written) == 3 and all(len(name.encode()) <= 210 for name in written)
+    written = sorted(p.name for p in reports.iterdir())  # .html, .json, .md and the run facts (.run.json)
+    assert len(written) == 4 and all(len(name.encode()) <= 210 for name in written)
     assert all("/" not in name and "\u200b" not in name and not name.startswith(".") for name in written)
     assert written[0].startswith("escaped-1.0_.._.._.._etc_x9999")  # separators and the invisible one: _
     assert not (pytester.path.parent / "escaped").exists()
-    doc = json.loads((reports / written[1]).read_text(encoding="utf-8"))
+    doc = read_results(reports / written[1])
     assert doc["run"]["engine"]["name"] == "../../escaped\u200b"  # the JSON keeps what the adapter said
 
 
@@ -319,8 +321,8 @@ import tempfile
 def _no_room(*args, **kwargs):
     raise OSError(28, "No space left on device")
 
-def pytest_sessionfinish(session):
-    tempfile.mkstemp = _no_room  # every fallback folder is full by the time the results are written
+def pytest_configure(config):
+    tempfile.mkstemp = _no_room  # every fallback folder is full from the start
 ''')
     liar.makefile(".toml", m=matrix(["lenient"]))
     (liar.path / "reports").mkdir()

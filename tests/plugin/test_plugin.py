@@ -36,7 +36,7 @@ def test_accept_and_reject_cells_pass_and_the_json_holds_them(pytester):
     result.stdout.fnmatch_lines(["*mla: host *", "*m.toml: engine reference *, 4 cells*",
                                  "*4 cells: 4 pass*", "mla report: reports/m.json"])
     doc = read_report(pytester)
-    assert doc["schema_version"] == 1 and doc["run"]["complete"] is True
+    assert doc["schema_version"] == 2 and doc["run"]["complete"] is True
     assert [c["id"] for c in doc["cells"]] == [
         "deepseek-v3/triton/dcp1/none/sm90", "deepseek-v3/triton/dcp1/none/sm100",
         "deepseek-v3/trtllm_mla/dcp1/none/sm90", "deepseek-v3/trtllm_mla/dcp1/none/sm100",

@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from pytest_mla.report.results import read_results
+
 from .helpers import matrix, read_report, verdicts
 
 pytest_plugins = ["pytester"]
@@ -143,7 +145,7 @@ def test_a_failed_final_write_leaves_the_results_in_a_temporary_file(liar):
     line = next(ln for ln in result.stdout.lines if ln.startswith("mla report: cannot write"))
     fallback = line.rsplit("the results are in ", 1)[1]
     try:
-        doc = json.loads(open(fallback, encoding="utf-8").read())
+        doc = read_results(fallback)
         assert list(verdicts(doc).values()) == ["pass", "pass"]
     finally:
         os.unlink(fallback)
@@ -167,7 +169,7 @@ pytest_mla.report.html.render_html = _broken
     result.stdout.fnmatch_lines([f"mla report: cannot render the reports of {liar.path / 'reports' / 'm.json'}: "
                                  "KeyError: 'no such column' (the results are written; render them with: "
                                  "pytest-mla render *m.json)"])
-    doc = json.loads((liar.path / "reports" / "m.json").read_text(encoding="utf-8"))
+    doc = read_results(liar.path / "reports" / "m.json")
     assert list(verdicts(doc).values()) == ["pass", "pass"]
     assert (liar.path / "reports" / "m.md").exists() and not (liar.path / "reports" / "m.html").exists()
 

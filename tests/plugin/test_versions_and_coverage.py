@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
+
+from pytest_mla.report.results import read_results
 
 from .helpers import LIAR_CONFTEST, matrix, read_report, verdicts
 
@@ -112,7 +113,7 @@ def test_engines_without_a_listing_have_no_coverage(liar):
     result = liar.runpytest("--mla-matrix=m.toml")
     result.assert_outcomes(passed=2)
     assert result.ret == 0
-    assert json.loads((liar.path / "reports" / "m.json").read_text())["run"]["engine"]["coverage"] is None
+    assert read_results(liar.path / "reports" / "m.json")["run"]["engine"]["coverage"] is None
 
 
 def test_strict_coverage_that_cannot_be_checked_fails_and_says_why(liar):

@@ -9,13 +9,13 @@ view; see the comments next to each row.
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 
 from pytest_mla.core.cells import Cell, expand_cells
 from pytest_mla.report.html import render_html
 from pytest_mla.report.markdown import render_markdown
+from pytest_mla.report.results import read_results
 from pytest_mla.report.terminal import render_terminal
 
 from .helpers import MSG_ARCH, MSG_DCP, not_run, record, verified
@@ -241,7 +241,7 @@ def test_real_result_files(name):
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "reports" / f"{name}.json"
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = read_results(path)
     md = render_markdown(doc, view="backends")
     backends = [b for b in doc["run"]["axes"]["backend"] if b not in (doc["run"].get("probes") or {}).get("backend", [])]
     listed = md[:md.index("## Notes")] if "## Notes" in md else md

@@ -23,7 +23,7 @@ def run_dir(pytester):
     result = pytester.runpytest("--mla-matrix=m.toml", "--mla-kernel=off", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=48)
     reports = pytester.path / "reports"
-    assert sorted(p.name for p in reports.iterdir()) == ["m.html", "m.json", "m.md"]
+    assert sorted(p.name for p in reports.iterdir()) == ["m.html", "m.json", "m.md", "m.run.json"]
     return reports
 
 
@@ -34,7 +34,7 @@ def test_round_trip_render_equals_what_the_run_wrote(run_dir, tmp_path, capsys):
         assert main(["render", result, "--format", fmt, "-o", str(out)]) == 0
         assert out.read_text(encoding="utf-8") == (run_dir / f"m.{fmt}").read_text(encoding="utf-8"), fmt
     assert main(["render", result, "-o", str(tmp_path / "again.json")]) == 0
-    assert json.loads((tmp_path / "again.json").read_text()) == json.loads((run_dir / "m.json").read_text())
+    assert (tmp_path / "again.json").read_bytes() == (run_dir / "m.json").read_bytes()
     md = (run_dir / "m.md").read_text(encoding="utf-8")
     assert "## deepseek-v3" in md and "## llama-3.1-8b" in md
     assert "Decode context parallelism needs an MLA model" in md
@@ -76,7 +76,10 @@ def write(tmp_path, name, text):
 
 MALFORMED = {
     "truncated": (lambda: json.dumps(make_document())[:500], "invalid JSON (truncated?)"),
-    "other-version": (lambda: json.dumps({**make_document(), "schema_version": 2}), "schema version 2 is not supported"),
+    "newer-version": (lambda: json.dumps({**make_document(), "schema_version": 3}),
+                      "schema version 3 is newer than this pytest-mla reads (versions 1 and 2)"),
+    "unknown-version": (lambda: json.dumps({**make_document(), "schema_version": 0}),
+                        "schema version 0 is not supported (this pytest-mla reads versions 1 and 2)"),
     "not-a-report": (lambda: json.dumps({"tests": []}), "not a pytest-mla result file"),
     "toml": (lambda: SMALL_MATRIX, "not a pytest-mla result file (not JSON)"),
     "bad-cell": (lambda: json.dumps({**make_document(), "cells": [{"id": 3}]}), "malformed cell record at cells[0]"),
@@ -210,3 +213,15 @@ def test_explain_suggests_the_nearest_cell(tmp_path, capsys, given, nearest):
     assert main(["explain", matrix, given]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.rstrip().endswith(f"; did you mean {nearest}?")
+
+
+def test_render_writes_several_formats_from_one_read(run_dir, tmp_path, capsys):
+    result = str(run_dir / "m.json")
+    md, page = tmp_path / "both.md", tmp_path / "both.html"
+    assert main(["render", result, "-o", str(md), "-o", str(page)]) == 0
+    assert md.read_text(encoding="utf-8") == (run_dir / "m.md").read_text(encoding="utf-8")
+    assert page.read_text(encoding="utf-8") == (run_dir / "m.html").read_text(encoding="utf-8")
+    assert main(["render", result, "-o", str(md), "-o", str(page), "--format", "md"]) == 2
+    assert "several -o: each file's format comes from its suffix; drop --format" in capsys.readouterr().err
+    assert main(["render", result, "-o", str(md), "-o", "-"]) == 2
+    assert "several -o: each must be a file" in capsys.readouterr().err

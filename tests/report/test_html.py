@@ -85,3 +85,52 @@ def test_browser_builds_the_matrix_and_filters(tmp_path):
 
     pivot = dump_dom(browser, page.as_uri() + "#rows=backend&cols=arch,dcp&state=bad")
     assert "No cell matches the filters." in pivot
+
+
+def hundred_thousand_cells():
+    """100,000 cells (10 models × 10 backends × 4 DCP × 5 spec × 5 archs × 10 page sizes), few bodies."""
+    import itertools
+
+    axes = {"model": [f"m{i}" for i in range(10)], "backend": [f"be{i}" for i in range(10)], "dcp": [1, 2, 4, 8],
+            "spec": ["none", "eagle-1x1", "eagle-1x3", "eagle-2x2", "eagle-4x3"],
+            "arch": ["sm80", "sm86", "sm89", "sm90", "sm100"], "page_size": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]}
+    doc = make_document()
+    accepted = {"kind": "accept", "error": None, "message": None, "match": None, "xfail": None, "rule": None,
+                "rule_line": None}
+    cells = []
+    for m, b, d, s, a, p in itertools.product(*axes.values()):
+        refused = (int(b[2:]) + d) % 3 == 0
+        cell_id = f"{m}/{b}/dcp{d}/{s}/{a}/page{p}"
+        cells.append({"id": cell_id, "matrix": "t", "coords": {"model": m, "backend": b, "dcp": d, "spec": s,
+                                                               "arch": a, "page_size": p},
+                      "expectation": accepted, "outcome": {"kind": "rejected", "error": "ValueError",
+                                                           "message": f"{b} refuses dcp{d}"} if refused else
+                      {"kind": "accepted", "error": None, "message": None},
+                      "verdict": "pass", "reason": None, "kernel": None})
+    doc["cells"] = cells
+    doc["run"].update(axes=axes, cells_total=len(cells), cells_reported=len(cells))
+    return doc
+
+
+@needs_browser
+def test_a_hundred_thousand_cells_page_builds_rows_as_they_scroll_into_view(tmp_path):
+    doc = hundred_thousand_cells()
+    page = tmp_path / "big.html"
+    page.write_text(render_html(doc), encoding="utf-8")
+    dom = dump_dom(browser, page.as_uri(), timeout=180)
+    assert "100000 of 100000 cells shown" in dom
+    chips = len(re.findall(r'<span class="chip ', dom))
+    assert 0 < chips <= 5000  # the first rows only: the page is usable at once
+    assert re.search(r"\d+ more rows load as you scroll\.", dom)
+
+    last = doc["cells"][-1]["id"]
+    linked = dump_dom(browser, page.as_uri() + "#cell=" + last, timeout=180)
+    assert f'<h2>✓ {last}</h2>' in linked  # the linked cell's row was built and its details shown
+    assert f'data-id="{last}" data-state="accepted"' in linked
+
+    refused = sum(1 for c in doc["cells"] if c["coords"]["backend"] == "be2" and c["outcome"]["kind"] == "rejected")
+    filtered = dump_dom(browser, page.as_uri() + "#backend=be2&state=rejected", timeout=180)
+    assert f"{refused} of 100000 cells shown" in filtered
+
+    wide = dump_dom(browser, page.as_uri() + "#rows=model&cols=arch", timeout=180)  # 2,000 cells per table cell
+    assert '<button class="more" type="button" data-more="60">+1940 more</button>' in wide

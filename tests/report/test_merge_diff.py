@@ -12,7 +12,7 @@ from pytest_mla.report.baseline import append_step_summary, check_baseline
 from pytest_mla.report.diff import diff_documents
 from pytest_mla.report.markdown import render_markdown
 from pytest_mla.report.merge import MergeConflictError, MergeError, merge_documents
-from pytest_mla.report.results import check_document
+from pytest_mla.report.results import check_document, read_results
 
 from .helpers import find, make_document, verified
 
@@ -84,7 +84,7 @@ def test_planted_contradiction_is_a_conflict(tmp_path, capsys):
     assert "CONFLICT deepseek-v3/flashmla/dcp1/none/sm90" in err and "flashmla refuses" in err
     assert not out.exists()
     assert main(["merge", pa, pb, "-o", str(out), "--allow-conflicts"]) == 0
-    merged = json.loads(out.read_text())
+    merged = read_results(out)
     assert find(merged, "deepseek-v3/flashmla/dcp1/none/sm90")["verdict"] == "error"
     assert merged["run"]["conflicts"][0]["id"] == "deepseek-v3/flashmla/dcp1/none/sm90"
 

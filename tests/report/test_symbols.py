@@ -116,7 +116,7 @@ def test_html_chips_and_entries_use_the_glyphs_of_the_same_states():
     data = build_data(ReportModel(doc))
     state_of = {c["coords"]["backend"]: [] for c in doc["cells"]}
     for c, row in zip(doc["cells"], data["cells"]):
-        state_of[c["coords"]["backend"]].append(data["states"][row[len(data["axes"])]])
+        state_of[c["coords"]["backend"]].append(data["states"][data["bodies"][row[len(data["axes"])]][0]])
     assert state_of["emul"] == ["emulated"] * 4 and state_of["real"] == ["verified"] * 4
     assert sorted(set(state_of["mixed"])) == ["emulated", "verified"]
     assert state_of["refused"] == ["rejected"] * 4 and state_of["broken"] == ["bad"] * 4

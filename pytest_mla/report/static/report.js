@@ -1,16 +1,22 @@
 (function () {
   "use strict";
   var D = JSON.parse(document.getElementById("mla-data").textContent);
-  var AX = D.axes, S = D.strings, CELLS = D.cells, NA = AX.length;
+  var AX = D.axes, S = D.strings, CELLS = D.cells, BODIES = D.bodies, NA = AX.length;
   var ST = D.states, SYM = D.symbols;
-  var I_STATE = NA, I_VERDICT = NA + 1, I_EXP = NA + 2, I_OUT = NA + 3, I_REASON = NA + 4,
-      I_KERNEL = NA + 5, I_NOTES = NA + 6, I_SHORT = NA + 7, I_FINDING = NA + 8, I_REPRO = NA + 9;
+  // A cell is its axis value indexes, then its body; a body is the state and its texts.
+  var B_STATE = 0, B_VERDICT = 1, B_EXP = 2, B_OUT = 3, B_REASON = 4, B_KERNEL = 5, B_NOTES = 6, B_SHORT = 7,
+      B_FINDING = 8, B_REPRO = 9;
+  // Big matrices: rows are built as they scroll into view, a table cell shows its first chips
+  // and a button for the rest, and one listener serves every chip.
+  var ROWS_PER_BATCH = 40, CHIPS_PER_BATCH = 3000, CHIPS_PER_TD = 60;
+  function body(c) { return BODIES[c[NA]]; }
   var byName = {};
   AX.forEach(function (a, i) { byName[a.name] = i; });
   var DEFAULT_ROWS = ["model", "backend"].filter(function (n) { return n in byName; });
   var DEFAULT_COLS = ["arch", "spec"].filter(function (n) { return n in byName; });
   var view = {rows: [], cols: [], off: {}, states: {}};
   var selected = null;
+  var lazy = null;  // the rows of the current table not built yet, and how to build them
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
@@ -117,9 +123,10 @@
   });
 
   // -- the matrix -------------------------------------------------------------------
+  var offNow = null;  // per axis, per value index: filtered out (made from view.off by render)
   function visible(c) {
-    if (view.states[c[I_STATE]]) return false;
-    for (var i = 0; i < NA; i++) if (view.off[AX[i].name + "=" + c[i]]) return false;
+    if (view.states[body(c)[B_STATE]]) return false;
+    for (var i = 0; i < NA; i++) if (offNow[i][c[i]]) return false;
     return true;
   }
   function keyOf(c, idx) { return idx.map(function (i) { return c[i]; }); }
@@ -132,6 +139,7 @@
     var hIdx = [];
     for (var i = 0; i < NA; i++) if (rIdx.indexOf(i) < 0 && cIdx.indexOf(i) < 0) hIdx.push(i);
     var rows = {}, cols = {}, groups = {}, n = 0;
+    offNow = AX.map(function (a) { return a.values.map(function (v, vi) { return !!view.off[a.name + "=" + vi]; }); });
     CELLS.forEach(function (c, ci) {
       if (!visible(c)) return;
       n++;
@@ -161,39 +169,105 @@
       thead.appendChild(tr);
     }
     table.appendChild(thead);
-    var tbody = el("tbody"), lastR = [];
-    rKeys.forEach(function (rk) {
-      var tr = el("tr"), rs = rk.join(",");
-      var labels = label(rIdx, rk);
-      if (!rIdx.length) labels = ["all"];
-      labels.forEach(function (t, j) { tr.appendChild(el("th", j ? "sub" : null, (j === 0 && lastR[0] === t && labels.length > 1) ? "" : t)); });
-      lastR = labels;
-      cKeys.forEach(function (ck) {
-        var td = el("td"), members = groups[rs + "|" + ck.join(",")] || [];
-        members.forEach(function (ci) {
-          var c = CELLS[ci], st = c[I_STATE];
-          var chip = el("span", "chip s-" + ST[st], SYM[st]);
-          var id = cellId(c), hidden = label(hIdx, keyOf(c, hIdx)).join(" ");
-          if (hIdx.length === 1) chip.appendChild(el("small", null, AX[hIdx[0]].labels[c[hIdx[0]]].replace(/^dcp/, "")));
-          chip.setAttribute("data-id", id);
-          chip.setAttribute("data-state", ST[st]);
-          chip.setAttribute("title", (hidden ? hidden + ": " : "") + ST[st] + " — " + S[c[I_SHORT]]);
-          chip.tabIndex = 0;
-          chip.addEventListener("click", function () { show(ci, chip); });
-          chip.addEventListener("keydown", function (ev) { if (ev.key === "Enter") show(ci, chip); });
-          td.appendChild(chip);
-        });
-        tr.appendChild(td);
-      });
-      tbody.appendChild(tr);
-    });
+    var tbody = el("tbody");
     table.appendChild(tbody);
     var box = document.getElementById("matrix");
     box.textContent = "";
-    box.appendChild(n ? table : el("p", "hint", "No cell matches the filters."));
+    if (!n) {
+      lazy = null;
+      box.appendChild(el("p", "hint", "No cell matches the filters."));
+    } else {
+      box.appendChild(table);
+      var more = el("p", "hint more-rows");
+      box.appendChild(more);
+      lazy = {rKeys: rKeys, cKeys: cKeys, rIdx: rIdx, cIdx: cIdx, hIdx: hIdx, groups: groups, tbody: tbody,
+              next: 0, lastR: [], more: more, rowOf: {}};
+      rKeys.forEach(function (rk, i) { lazy.rowOf[rk.join(",")] = i; });
+      buildRows(false);
+      watch();
+    }
     document.getElementById("shown").textContent = n + " of " + CELLS.length + " cells shown" +
       (hIdx.length ? "; chips: " + hIdx.map(function (i) { return AX[i].name; }).join(" · ") : "");
   }
+
+  function chip(ci) {
+    var c = CELLS[ci], b = body(c), st = b[B_STATE], L = lazy;
+    var e = el("span", "chip s-" + ST[st], SYM[st]);
+    var hidden = label(L.hIdx, keyOf(c, L.hIdx)).join(" ");
+    if (L.hIdx.length === 1) e.appendChild(el("small", null, AX[L.hIdx[0]].labels[c[L.hIdx[0]]].replace(/^dcp/, "")));
+    e.setAttribute("data-id", cellId(c));
+    e.setAttribute("data-state", ST[st]);
+    e.setAttribute("data-ci", ci);
+    e.setAttribute("title", (hidden ? hidden + ": " : "") + ST[st] + " — " + S[b[B_SHORT]]);
+    e.tabIndex = 0;
+    return e;
+  }
+  function fillTd(td, members, from, to) {
+    for (var i = from; i < to; i++) td.appendChild(chip(members[i]));
+    if (to < members.length) {
+      var rest = el("button", "more", "+" + (members.length - to) + " more");
+      rest.type = "button";
+      rest.setAttribute("data-more", to);
+      td.appendChild(rest);
+    }
+  }
+  // Builds the next rows (a batch, or every row up to `until`); returns how many chips it made.
+  function buildRows(all, until) {
+    var L = lazy, chips = 0, made = 0;
+    while (L.next < L.rKeys.length && (all || (until !== undefined ? L.next <= until :
+           made < ROWS_PER_BATCH && chips < CHIPS_PER_BATCH))) {
+      var rk = L.rKeys[L.next++], tr = el("tr"), rs = rk.join(",");
+      var labels = label(L.rIdx, rk);
+      if (!L.rIdx.length) labels = ["all"];
+      labels.forEach(function (t, j) {
+        tr.appendChild(el("th", j ? "sub" : null, (j === 0 && L.lastR[0] === t && labels.length > 1) ? "" : t));
+      });
+      L.lastR = labels;
+      L.cKeys.forEach(function (ck) {
+        var td = el("td"), members = L.groups[rs + "|" + ck.join(",")] || [];
+        td.setAttribute("data-group", rs + "|" + ck.join(","));
+        fillTd(td, members, 0, Math.min(members.length, CHIPS_PER_TD));
+        chips += Math.min(members.length, CHIPS_PER_TD);
+        tr.appendChild(td);
+      });
+      L.tbody.appendChild(tr);
+      made++;
+    }
+    var left = L.rKeys.length - L.next;
+    L.more.textContent = left ? left + " more rows load as you scroll." : "";
+    return chips;
+  }
+  var observer = null;
+  function watch() {
+    if (!lazy || lazy.next >= lazy.rKeys.length) return;
+    if (!("IntersectionObserver" in window)) { buildRows(true); return; }
+    if (!observer) {
+      observer = new IntersectionObserver(function (entries) {
+        if (entries.some(function (e) { return e.isIntersecting; }) && lazy) {
+          buildRows(false);
+          if (lazy.next >= lazy.rKeys.length) observer.disconnect();
+        }
+      }, {rootMargin: "600px"});
+    }
+    observer.disconnect();
+    observer.observe(lazy.more);
+  }
+  function expand(button) {
+    var td = button.parentNode, members = lazy.groups[td.getAttribute("data-group")] || [];
+    var from = +button.getAttribute("data-more");
+    td.removeChild(button);
+    fillTd(td, members, from, members.length);
+  }
+  var box = document.getElementById("matrix");
+  box.addEventListener("click", function (ev) {
+    var t = ev.target.closest ? ev.target.closest("[data-ci],[data-more]") : null;
+    if (!t) return;
+    if (t.hasAttribute("data-more")) expand(t); else show(+t.getAttribute("data-ci"), t);
+  });
+  box.addEventListener("keydown", function (ev) {
+    var t = ev.target;
+    if (ev.key === "Enter" && t.hasAttribute && t.hasAttribute("data-ci")) show(+t.getAttribute("data-ci"), t);
+  });
 
   function show(ci, chip) {
     var c = CELLS[ci], aside = document.getElementById("details");
@@ -201,30 +275,40 @@
     if (selected) selected.classList.remove("sel");
     selected = chip; if (chip) chip.classList.add("sel");
     aside.textContent = "";
-    aside.appendChild(el("h2", null, SYM[c[I_STATE]] + " " + cellId(c)));
+    var b = body(c);
+    aside.appendChild(el("h2", null, SYM[b[B_STATE]] + " " + cellId(c)));
     var dl = el("dl");
     function row(name, text, pre) {
       if (!text) return;
       dl.appendChild(el("dt", null, name));
       var dd = el("dd"); dd.appendChild(el(pre ? "pre" : "span", null, text)); dl.appendChild(dd);
     }
-    row("verdict", S[c[I_VERDICT]] + " (" + ST[c[I_STATE]] + ")");
-    row("expected", S[c[I_EXP]], true);
-    row("engine did", S[c[I_OUT]], true);
-    row("reason", S[c[I_REASON]], true);
-    row("kernel", S[c[I_KERNEL]], true);
-    row("notes", S[c[I_NOTES]], true);
-    row("finding", S[c[I_FINDING]], true);
-    row("reproduce", S[c[I_REPRO]], true);
+    row("verdict", S[b[B_VERDICT]] + " (" + ST[b[B_STATE]] + ")");
+    row("expected", S[b[B_EXP]], true);
+    row("engine did", S[b[B_OUT]], true);
+    row("reason", S[b[B_REASON]], true);
+    row("kernel", S[b[B_KERNEL]], true);
+    row("notes", S[b[B_NOTES]], true);
+    row("finding", S[b[B_FINDING]], true);
+    row("reproduce", S[b[B_REPRO]], true);
     aside.appendChild(dl);
   }
 
   function showLinked() {
-    if (!view.cell) return;
-    var chips = document.querySelectorAll("#matrix .chip");
-    for (var i = 0; i < chips.length; i++) {
-      if (chips[i].getAttribute("data-id") === view.cell) { chips[i].click(); return; }
+    if (!view.cell || !lazy) return;
+    var ci = -1;
+    for (var i = 0; i < CELLS.length; i++) if (cellId(CELLS[i]) === view.cell) { ci = i; break; }
+    if (ci < 0 || !visible(CELLS[ci])) return;
+    var c = CELLS[ci], rs = keyOf(c, lazy.rIdx).join(","), row = lazy.rowOf[rs];
+    if (row >= lazy.next) buildRows(false, row);  // the rows above it, then it
+    var td = lazy.tbody.querySelector('td[data-group="' + rs + "|" + keyOf(c, lazy.cIdx).join(",") + '"]');
+    var found = td && td.querySelector('[data-ci="' + ci + '"]');
+    if (!found && td) {
+      var button = td.querySelector("[data-more]");
+      if (button) expand(button);
+      found = td.querySelector('[data-ci="' + ci + '"]');
     }
+    if (found) { show(ci, found); watch(); }
   }
   function update() { writeHash(); render(); showLinked(); }
   function load() { readHash(); buildControls(); render(); showLinked(); }
