@@ -157,12 +157,14 @@ def test_html_cell_details_carry_the_finding_and_the_reproducer_command():
     strings, n_axes = data["strings"], len(data["axes"])
     by_id = {c["id"]: row for c, row in zip(doc["cells"], data["cells"])}
     row = by_id["deepseek-v3/triton/dcp2/none/sm100"]
-    finding, command = strings[row[n_axes + 8]], strings[row[n_axes + 9]]
+    body = data["bodies"][row[n_axes]]
+    finding, command = strings[body[8]], strings[body[9]]
     assert finding.startswith("F1: decode raises AssertionError in Pool.set_kv_buffer (2 cells)")
     assert f"upstream: {LINK}" in finding and "a server meets it at start-up" in finding
     assert command == "pytest-mla repro RESULT.json deepseek-v3/triton/dcp2/none/sm100 -o repro.py --report bug.md"
     plain = by_id["deepseek-v3/triton/dcp1/none/sm90"]
-    assert strings[plain[n_axes + 8]] == strings[plain[n_axes + 9]] == ""
+    plain_body = data["bodies"][plain[n_axes]]
+    assert strings[plain_body[8]] == strings[plain_body[9]] == ""
     page = render_html(doc)
     assert '<div class="finding" id="finding-1"><h3>F1. decode raises AssertionError in Pool.set_kv_buffer</h3>' in page
     assert f'<a href="{LINK}">{LINK}</a>' in page

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_mla.cli import main
+from pytest_mla.report.results import read_results
 
 from .helpers import find
 
@@ -25,7 +26,7 @@ GQA = "llama-3.1-8b/triton/dcp4/eagle-1x3/sm90/kv-auto"
 
 @pytest.fixture(scope="module")
 def document():
-    return json.loads(COMMITTED.read_text(encoding="utf-8"))
+    return read_results(COMMITTED)
 
 
 def repro(capsys, *args):

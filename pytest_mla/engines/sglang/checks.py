@@ -53,6 +53,7 @@ from typing import Any, Iterator, Mapping
 from ...core.errors import AdapterError
 from ...core.kernelspec import KernelSpec
 from ...core.spec import parse_spec
+from .support import backend_module
 
 __all__ = ["TARGET", "kernel_for", "kernel_from", "run"]
 
@@ -183,19 +184,6 @@ def _class_of(backend: str) -> str:
             "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
             "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
             "torch_native": "TorchNativeAttnBackend"}.get(backend, backend)
-
-
-def backend_module(backend: str) -> str:
-    """The module of SGLang's backend class for ``backend`` (``sglang`` when unknown)."""
-    return {"triton": "sglang.srt.layers.attention.triton_backend",
-            "flashinfer": "sglang.srt.layers.attention.flashinfer_mla_backend",
-            "fa3": "sglang.srt.layers.attention.flashattention_backend",
-            "flashmla": "sglang.srt.layers.attention.flashmla_backend",
-            "cutlass_mla": "sglang.srt.layers.attention.cutlass_mla_backend",
-            "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",
-            "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
-            "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
-            "torch_native": "sglang.srt.layers.attention.torch_native_backend"}.get(backend, "sglang")
 
 
 # ---- the engine runner -------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class Scope:
 
 
 def _platform(engine: Any, arch: str) -> contextlib.AbstractContextManager:
-    from .startup import platform_fact_names, platform_facts
+    from .platforms import platform_fact_names, platform_facts
 
     facts = platform_facts(arch)
     known = platform_fact_names(engine.rc, engine.version)
@@ -133,7 +133,7 @@ def _validation_stubs_replaced() -> Iterator[None]:
 def _enter(engine: Any, options: dict[str, Any]) -> Scope:
     from ...kernels.emulated.install import emulations_installed
     from ..common.cpu_host import cpu_host
-    from .checks import backend_module
+    from .support import backend_module
 
     stack = contextlib.ExitStack()
     try:

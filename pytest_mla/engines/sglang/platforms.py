@@ -42,7 +42,7 @@ import os
 import sys
 import types
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from ...core.cells import arch_number, platform_of
 
@@ -346,5 +346,40 @@ def _gfx_probe_prefixes_of(source: str) -> dict[str, tuple[str, ...]]:
     return found
 
 
+def _known_platform_facts(rc: Any) -> set[str] | None:
+    """The platform facts the installed ``override_platform`` accepts (its own tables), or None if unreadable."""
+    probes = getattr(rc, "_PLATFORM_PROBES", None)
+    values = getattr(rc, "_PLATFORM_VALUES", None)
+    if isinstance(probes, Mapping) and isinstance(values, Mapping):
+        return set(probes) | set(values)
+    return None
+
+
+def platform_fact_names(rc: Any, version: str | None) -> set[str]:
+    """The facts to set: every one the release knows; AdapterError for one the adapter cannot derive."""
+    derivable = platform_facts("sm90")
+    known = _known_platform_facts(rc)
+    if known is None:  # no tables to read: ask override_platform about each fact it might take
+        return {name for name, value in derivable.items() if _accepts_fact(rc, name, value)}
+    unknown = sorted(known - set(derivable))
+    if unknown:
+        from .support import adapter_error
+
+        raise adapter_error("platform", f"SGLang knows platform fact(s) {unknown} that the adapter cannot "
+                           "derive from a GPU arch")
+    return known
+
+
+def _accepts_fact(rc: Any, name: str, value: Any) -> bool:
+    """Whether ``override_platform`` accepts one fact (SGLang raises ``ValueError: unknown platform fact(s)``)."""
+    try:
+        with rc.override_platform(**{name: value}):
+            return True
+    except ValueError as exc:
+        if "unknown platform fact" in str(exc):
+            return False
+        raise
+
+
 __all__ = ["ArchProbes", "DEVICES", "PLATFORM_LIBRARIES", "capability_of", "device_of", "fake_import_platform",
-           "known_archs", "platform_facts"]
+           "known_archs", "platform_fact_names", "platform_facts"]

@@ -74,7 +74,7 @@ from ..common.gpu_steps import stop_at_gpu_steps
 from ..protocol import AdapterError, Configured, UnreachableError
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from .platforms import PLATFORM_LIBRARIES, ArchProbes, capability_of, device_of, fake_import_platform, known_archs
-from .platforms import platform_facts
+from .platforms import platform_fact_names, platform_facts
 from .support import STUBS
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
@@ -250,39 +250,6 @@ class _SGLang:
         self.draft_factory = find("import", (f"{srt}.speculative.draft_utils", "DraftBackendFactory"))
         self.utils_common = importlib.import_module(f"{srt}.utils.common")
         self.package_dir = os.path.dirname(os.path.abspath(importlib.import_module("sglang").__file__ or ""))
-
-
-def _known_platform_facts(rc: Any) -> set[str] | None:
-    """The platform facts the installed ``override_platform`` accepts (its own tables), or None if unreadable."""
-    probes = getattr(rc, "_PLATFORM_PROBES", None)
-    values = getattr(rc, "_PLATFORM_VALUES", None)
-    if isinstance(probes, Mapping) and isinstance(values, Mapping):
-        return set(probes) | set(values)
-    return None
-
-
-def platform_fact_names(rc: Any, version: str | None) -> set[str]:
-    """The facts to set: every one the release knows; AdapterError for one the adapter cannot derive."""
-    derivable = platform_facts("sm90")
-    known = _known_platform_facts(rc)
-    if known is None:  # no tables to read: ask override_platform about each fact it might take
-        return {name for name, value in derivable.items() if _accepts_fact(rc, name, value)}
-    unknown = sorted(known - set(derivable))
-    if unknown:
-        raise AdapterError("platform", f"SGLang knows platform fact(s) {unknown} that the adapter cannot "
-                           "derive from a GPU arch", engine=ENGINE, version=version)
-    return known
-
-
-def _accepts_fact(rc: Any, name: str, value: Any) -> bool:
-    """Whether ``override_platform`` accepts one fact (SGLang raises ``ValueError: unknown platform fact(s)``)."""
-    try:
-        with rc.override_platform(**{name: value}):
-            return True
-    except ValueError as exc:
-        if "unknown platform fact" in str(exc):
-            return False
-        raise
 
 
 class SGLangEngine:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...core.errors import AdapterError
 
-__all__ = ["STUBS", "adapter_error", "make_dataclass"]
+__all__ = ["STUBS", "adapter_error", "backend_module", "make_dataclass"]
 
 #: CUDA-linked or host-specific modules replaced by import stubs (imported for names only).
 STUBS = {"torchvision": {"torchvision": {"__version__": "0.28.0"}}, "setproctitle": {}}
@@ -27,3 +27,16 @@ def make_dataclass(cls: type, **values: Any) -> Any:
     """An instance of a (data)class from the fields it has; missing required fields raise."""
     names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(values)
     return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def backend_module(backend: str) -> str:
+    """The module of SGLang's backend class for ``backend`` (``sglang`` when unknown)."""
+    return {"triton": "sglang.srt.layers.attention.triton_backend",
+            "flashinfer": "sglang.srt.layers.attention.flashinfer_mla_backend",
+            "fa3": "sglang.srt.layers.attention.flashattention_backend",
+            "flashmla": "sglang.srt.layers.attention.flashmla_backend",
+            "cutlass_mla": "sglang.srt.layers.attention.cutlass_mla_backend",
+            "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",
+            "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
+            "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
+            "torch_native": "sglang.srt.layers.attention.torch_native_backend"}.get(backend, "sglang")
