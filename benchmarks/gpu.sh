@@ -45,7 +45,7 @@ step reference-matrix 120 "$PY" -m pytest -p no:cacheprovider -q --mla-matrix=ma
   --mla-arch="$arch" -n "$jobs" --mla-report-dir="$OUT" --mla-report-name="{matrix}-$arch"
 for engine in sglang vllm; do
   if "$PY" -c "import $engine" > /dev/null 2>&1; then
-    step "$engine-matrix" 120 "$PY" -m pytest -p no:cacheprovider -q -c /dev/null --rootdir . \
+    step "$engine-matrix" 120 "$PY" -m pytest -p no:cacheprovider -q -c tools/engine-pytest.ini --rootdir . \
       --mla-matrix="matrix/$engine.toml" --mla-arch="$arch" -n "$jobs" --mla-report-dir="$OUT" \
       --mla-report-name="{engine}-{version}-$arch"
   else

@@ -174,7 +174,7 @@ run_matrix() {
   local t0; t0="$(now)"
   local rc=0
   "$dir/bin/python" -m pytest -p no:cacheprovider -q --no-header -rN \
-    --rootdir "$ROOT" -c /dev/null \
+    --rootdir "$ROOT" -c "$ROOT/tools/engine-pytest.ini" \
     --mla-matrix="$matrix" --mla-kernel="$KERNEL" -n "$JOBS" \
     --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' "${strict[@]}" || rc=$?
   echo "conformance: $matrix with $dir: exit $rc in $(elapsed "$t0")s"

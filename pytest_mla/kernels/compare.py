@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FP8_DOT_TOLERANCES", "TOLERANCES", "CloseResult", "DtypeTolerance", "Tolerance", "check_close", "tolerance_for"]
+__all__ = ["FP8_DOT_TOLERANCES", "TOLERANCES", "CloseResult", "DtypeTolerance", "Tolerance", "check_close", "merged_bound", "tolerance_for", "tolerance_record"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +112,25 @@ class CloseResult:
         return d
 
 
-def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> CloseResult:
-    """Measure ``ans`` against ``ref`` (any float dtypes; compared in float64)."""
+def merged_bound(tol: Tolerance, magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The relative part of a DCP merge's bound: the kernel's ``rel`` on each partial's share,
+    plus the exchange's own two roundings in the output dtype (each rank's weighted partial and
+    the sum; unit roundoff ``u``), all on the merged terms' size ``Σ_r w_r·|o_r|``."""
+    u = torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
+    return (tol.rel + 2 * u) * magnitude
+
+
+def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
+                magnitude: torch.Tensor | None = None) -> CloseResult:
+    """Measure ``ans`` against ``ref`` (any float dtypes; compared in float64).
+
+    ``magnitude`` (the shape of ``ref``, each element ``>= |ref|``) is what the
+    relative bound applies to when the output is a sum of terms that may cancel:
+    a DCP merge adds the ranks' weighted partial outputs, each rounded to the
+    model dtype, so its rounding error scales with ``Σ_r w_r·|o_r|``
+    (``power.merge_magnitude``), not with the merged ``|o|``, and the exchange
+    rounds twice more (``merged_bound``).
+    """
     result = CloseResult(name=name, ok=False, shape=list(ans.shape), ref_shape=list(ref.shape),
                          dtype=str(ans.dtype).replace("torch.", ""), tol=tol)
     if tuple(ans.shape) != tuple(ref.shape):
@@ -138,8 +155,13 @@ def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance)
 
     finite = torch.isfinite(a) & torch.isfinite(r)
     err = torch.where(finite, (a - r).abs(), 0.0)
-    rel = err / r.abs().clamp(min=1e-30)
-    elem_bad = finite & (err > tol.abs) & (rel > tol.rel)
+    if magnitude is None:
+        scale = r.abs()
+        elem_bad = finite & (err > tol.abs) & (err > tol.rel * scale)
+    else:
+        scale = torch.maximum(r.abs(), magnitude.detach().to("cpu", torch.float64).flatten())
+        elem_bad = finite & (err > tol.abs) & (err > merged_bound(tol, scale, ans.dtype))
+    rel = err / scale.clamp(min=1e-30)
     if finite.any():
         result.max_abs_err = float(err.max())
         result.max_rel_err = float(torch.where(finite, rel, 0.0).max())
@@ -166,3 +188,11 @@ def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance)
     result.ok = not problems
     result.message = f"{name}: " + "; ".join(problems) if problems else None
     return result
+
+def tolerance_record(tol: Any, merged: bool) -> dict[str, Any]:
+    """The tolerance as the record states it; a DCP check's relative bound is on the merged partials' size."""
+    d = tol.as_dict()
+    if merged:
+        d["out"]["rel_to"] = ("DCP merge: rel + 2 unit roundoffs of the output dtype, on the sum of the ranks' "
+                              "weighted |partial outputs|")
+    return d

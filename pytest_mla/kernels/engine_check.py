@@ -75,9 +75,10 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
 
 def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *, dcp_mode: str, where: str,
               timeout_s: float) -> dict[str, Any]:
-    from .compare import check_close
+    from .compare import check_close, tolerance_record
     from .emulated.glue import OutOfContractError, OutOfRangeRead
     from .interpreter import interpreter_fixes
+    from .power import merge_magnitude
     from .reference import ref_mla_decode
     from ..core.targets import import_target
 
@@ -114,8 +115,11 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
     elapsed = time.perf_counter() - start
 
     ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
+    magnitude = merge_magnitude(inputs.to("cpu"), (case.dcp, case.dcp_interleave))
     out, lse, ref_out_parts, ref_lse_parts = _gather_heads(results, ref_out, ref_lse)
-    out_check = check_close("out", out, ref_out_parts, tol.out)
+    if magnitude is not None:
+        magnitude = _gather_heads(results, magnitude, ref_lse)[2]
+    out_check = check_close("out", out, ref_out_parts, tol.out, magnitude)
     lse_check = check_close("lse", lse, ref_lse_parts, tol.lse) if lse is not None else None
     checks = [c for c in (out_check, lse_check) if c is not None]
     ok = all(c.ok for c in checks)
@@ -131,7 +135,7 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
         "case": case.as_dict(),
         "kv_scale": inputs.kv_scale,
         "errors": {"out": out_check.as_dict(), "lse": lse_check.as_dict() if lse_check else None},
-        "tolerance": tol.as_dict(),
+        "tolerance": tolerance_record(tol, magnitude is not None),
         "power": power,
         "time_s": round(elapsed, 4),
         "message": None if ok else "; ".join(c.message for c in checks if c.message),
@@ -176,3 +180,4 @@ def _gather_heads(results: list[RankResult], ref_out: torch.Tensor, ref_lse: tor
         return out, None, ref_out_parts, ref_lse_parts
     lse = torch.cat([r.lse.to("cpu") for r in results], dim=1)
     return out, lse, ref_out_parts, ref_lse_parts
+

@@ -24,7 +24,7 @@ def run_matrix(python: Path, matrix: Path, report_dir: Path, *args: str, timeout
     """``python -m pytest --mla-matrix=MATRIX`` in that venv, from the repository root."""
     cmd = [
         os.fspath(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "--no-header",
-        "-c", os.devnull, "--rootdir", os.fspath(ROOT),
+        "-c", os.fspath(ROOT / "tools" / "engine-pytest.ini"), "--rootdir", os.fspath(ROOT),
         f"--mla-matrix={matrix}", "--mla-kernel=off", f"--mla-report-dir={report_dir}",
         "--mla-report-name={engine}-{version}", *args,
     ]

@@ -16,7 +16,7 @@ import torch
 from pytest_mla.core.models import BUILTIN_MODELS
 from pytest_mla.kernels.compare import FP8_DOT_TOLERANCES, TOLERANCES, Tolerance, check_close
 from pytest_mla.kernels.inputs import DISCRIMINATING, gen_decode_inputs
-from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power
+from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power, merge_magnitude
 from pytest_mla.kernels.reference import ref_gather, ref_merge, ref_mla_decode
 
 V3 = BUILTIN_MODELS["deepseek-v3"]
@@ -159,3 +159,40 @@ def test_the_default_profile_detects_everything_at_model_scale(kv, page, dcp, sp
     x = mla(seqlens, s_q=s_q, page=page, spec_topk=tree[0], spec_steps=tree[1], kv_dtype=kv, dcp=(dcp, 1), seed=11)
     power = measure_power(x, tol, dcp=(dcp, 1))
     assert power["undetected"] == [], power  # the default profile, no fallback needed
+
+
+def _bf16_exchange(x, world: int, base2: bool = False) -> torch.Tensor:
+    """What a DCP decode that exchanges partials in bf16 returns (vLLM's cp_lse_ag_out_rs): each rank's
+    partial rounded, weighted by exp(lse_r - lse) and rounded again, the ranks' terms summed in bf16."""
+    n = int(x.cache_seqlens[0])
+    k = ref_gather(x.kv_cache, x.block_table[0], n).to(torch.float64)
+    s = torch.einsum("hd,nd->hn", x.q[0, 0].double(), k[:, 0]) * x.softmax_scale
+    outs, lses = [], []
+    for r in range(world):
+        keep = (torch.arange(n) % world) == r
+        lses.append(torch.logsumexp(s[:, keep], -1))
+        outs.append((torch.softmax(s[:, keep], -1) @ k[keep, 0, :512]).to(torch.bfloat16))
+    lse = torch.stack(lses)
+    if base2:  # the rank LSEs read as base 2 (vLLM PR 47079)
+        lse = lse / math.log(2.0)
+    w = torch.softmax(lse, 0)
+    total = torch.zeros_like(outs[0])
+    for wr, o in zip(w, outs):
+        total = total + (wr[:, None] * o.double()).to(torch.bfloat16)
+    return total[None, None]
+
+
+def test_a_bf16_exchange_passes_the_merge_bound_and_a_base2_lse_fails_it():
+    """The DCP bound (check_close's magnitude) admits the roundings of an exchange in bf16 and nothing
+    a planted merge fault does: a base-2 LSE merged as natural log fails it on the same inputs."""
+    world = 2
+    for seed in range(6):
+        x = mla([200], seed=seed, dcp=(world, 1))
+        ref, _ = ref_mla_decode(**x.ref_args())
+        magnitude = merge_magnitude(x, (world, 1))
+        assert magnitude.shape == ref.shape and bool((magnitude >= ref.abs() - 1e-12).all())
+        good = check_close("out", _bf16_exchange(x, world), ref, BF16, magnitude)
+        assert good.ok, good.message
+        bad = check_close("out", _bf16_exchange(x, world, base2=True), ref, BF16, magnitude)
+        assert not bad.ok
+    assert merge_magnitude(x, (1, 1)) is None

@@ -368,10 +368,10 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
         if holder is None:
             holder = _state["dcp"] = _ThreadGroup()
     major, minor = (int(x) for x in capability.split("."))
-    wanted = engine._capability(major, minor)
-    if engine._platform_cls.capability_now != wanted:  # the faked GPU answers the check's arch
-        engine._platform_cls.capability_now = wanted
-        engine._clear_config_caches()  # selections vLLM cached for another arch
+    platforms = engine._platforms
+    if platforms.cuda_capability != platforms._capability(major, minor):  # the faked GPU answers the check's arch
+        with platforms.on(f"sm{major}{minor}"):  # sets it, emptying the caches vLLM filled for another arch
+            pass
     saved_dcp, saved_dtype = parallel_state._DCP, torch.get_default_dtype()
     saved_env = {name: os.environ.get(name) for name in NO_SYMMETRIC_MEMORY}
     if group is not None and group.device.type == "cpu":
@@ -640,6 +640,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     names = kernel_source.calls_of(backend, path)
     # (the harness applies kernels.interpreter.interpreter_fixes around every interpreted engine check)
     with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group), \
+            rank_workspaces(device), \
             kernel_source.kernel_source(level, names) as log, kernel_source.host_buffers(device) as host:
         layer = _build_layer(options, inputs.softmax_scale, device)
         _set_kv_scales(layer, inputs.kv_scale)
