@@ -11,9 +11,12 @@ status and seconds; then the total per file. Run the matrix with
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pytest_mla.report.results import read_results  # noqa: E402
 
 
 def rows_of(report: dict) -> list[tuple]:
@@ -32,7 +35,7 @@ def rows_of(report: dict) -> list[tuple]:
 
 def main(paths: list[str]) -> int:
     for path in paths:
-        report = json.loads(Path(path).read_text(encoding="utf-8"))
+        report = read_results(path)
         rows = rows_of(report)
         engine = report.get("engine") or {}
         print(f"# {path}: {engine.get('name', '?')} {engine.get('version', '')}")

@@ -31,6 +31,7 @@ failure.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -69,8 +70,46 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     records = []
     for kv_scale in kv_scale_variants(case):
         inputs, power = gen_checked_inputs(case, tol.out, kv_scale=kv_scale)
-        records.append(_run_once(case, spec, inputs, power, tol, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s))
+        conventions = spec.option_map.get("kv_conventions") if kv_scale not in (None, 1.0) else None
+        if not conventions:
+            records.append(_run_once(case, spec, inputs, power, tol, dcp_mode=dcp_mode, where=where,
+                                     timeout_s=timeout_s))
+            continue
+        records.append(_run_conventions(case, spec, inputs, power, tol, conventions, dcp_mode=dcp_mode, where=where,
+                                        timeout_s=timeout_s))
     return merge_variants(records)
+
+
+def _run_conventions(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any,
+                     conventions: Any, **run: Any) -> dict[str, Any]:
+    """A scaled FP8 cache whose cached tokens an engine may have written in more than one way.
+
+    ``conventions`` (``KernelSpec`` option ``kv_conventions``: name → what the
+    cached rows hold) are the ways the engine's own write paths store a token
+    under ``k_scale != 1`` (SGLang: its triton and trtllm_mla paths store
+    ``K / k_scale``, flashinfer's and the pool's plain doors store ``K``).
+    The cache is filled each way in turn (the runner's ``kv_convention``
+    option); the backend passes if its decode reads one of them back right,
+    and the record says which. Failing every one is a finding reported with
+    the first convention's numbers.
+    """
+    tried = []
+    for name, meaning in dict(conventions).items():
+        variant = dataclasses.replace(spec, options=spec.options + (("kv_convention", name),))
+        record = _run_once(case, variant, inputs, power, tol, **run)
+        record["kv_convention"] = name
+        tried.append((name, meaning, record))
+        if record["status"] == "verified":
+            record.setdefault("notes", []).append(
+                f"fp8 cache with k_scale {inputs.kv_scale:g}: cached tokens as {meaning} ({name}); "
+                + ("the first convention tried" if len(tried) == 1 else
+                   "read wrong as " + ", ".join(f"{m} ({n})" for n, m, _ in tried[:-1])))
+            return record
+    first = tried[0][2]
+    first.setdefault("notes", []).append(
+        f"fp8 cache with k_scale {inputs.kv_scale:g}: read wrong whichever way the cached tokens were written: "
+        + "; ".join(f"as {m} ({n}): {r['message']}" for n, m, r in tried))
+    return first
 
 
 def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *, dcp_mode: str, where: str,

@@ -106,6 +106,11 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
                       kv_cache_dtype=kv, tp=tp, num_heads=heads, num_kv_heads=kv_heads, host_arch=host_arch)
 
 
+#: How a cached MLA row of an FP8 cache may hold its token (see ``kernel_for``).
+MLA_KV_CONVENTIONS = (("scaled", "K / k_scale (triton decode, trtllm_mla extend)"),
+                      ("raw", "K itself (flashinfer, the pool's set_kv_buffer / set_mla_kv_buffer)"))
+
+
 def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv_cache_dtype: str,
                tp: int, num_heads: int, num_kv_heads: int, host_arch: str | None) -> tuple[KernelSpec | None, str]:
     """The kernel check of an accepted cell: ``(spec, "")``, or ``(None, reason)`` when it cannot run here.
@@ -134,6 +139,11 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         ("speculative", (spec.algorithm, spec.topk, spec.steps, spec.num_draft_tokens) if spec.enabled else None),
         ("num_kv_splits", NUM_KV_SPLITS),
         ("mla", bool(model.mla)),
+        # SGLang's MLA write paths disagree on what an FP8 row holds when k_scale != 1: triton's
+        # decode and trtllm_mla's extend divide by k_scale first, flashinfer's and the pool's plain
+        # doors (set_kv_buffer, set_mla_kv_buffer) store K as it is. The cached tokens come from
+        # whichever prefill served them: the check fills the cache each way (pools._write_mla).
+        ("kv_conventions", MLA_KV_CONVENTIONS if model.mla else None),
         ("emulate", emulate),
         # the arch the backend's code sees (it branches on it); an interpreted or native check runs
         # the same on every arch, an emulated one under the cell's faked platform

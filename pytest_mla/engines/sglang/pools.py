@@ -585,12 +585,23 @@ class RankSetup:
         elif self.world == 1:  # the pool's own door, as a backend without a write helper of its own uses it
             self.pool.set_kv_buffer(self.layer, loc_info, k_in, v_in, self.layer.k_scale, self.layer.v_scale)
         else:
-            raise adapter_error("kernel check", f"{type(self.backend).__name__} has no DCP-aware KV write of its "
-                                                "own (_set_kv_buffer) the check could write cached tokens through")
+            # A backend without a DCP-aware write of its own: the cached tokens as SGLang's DCP layout
+            # holds them (TritonAttnBackend._set_kv_buffer: each rank stores the tokens whose position
+            # % dcp is its rank, at loc // dcp), through the pool's masked door.
+            rank_loc = _write_loc(loc // self.world)
+            mask = positions % self.world == self.rank
+            self.pool.set_kv_buffer(self.layer, rank_loc, k_in, v_in, self.layer.k_scale, self.layer.v_scale,
+                                    dcp_kv_mask=mask)
+            self._notes.append("cached tokens written as SGLang's DCP layout holds them (loc // dcp, position % dcp "
+                               "== rank; TritonAttnBackend._set_kv_buffer's rule): the backend has no DCP-aware "
+                               "write of its own")
 
     def _write_mla(self, loc: torch.Tensor, k: torch.Tensor) -> None:
         """MLA rows: the backend's own door without DCP; under DCP ``set_mla_kv_buffer``, which applies the owner rule."""
         kv_lora = self.inputs.head_dim_v
+        scale = self.inputs.kv_scale
+        if scale is not None and self.options.get("kv_convention") == "raw":
+            k = k.to(self.dtype) * scale  # the token itself: the door casts it to the cache dtype
         if self.world == 1:
             self.pool.set_kv_buffer(self.layer, _write_loc(loc), k, k[..., :kv_lora])
             return

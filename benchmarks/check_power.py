@@ -1,0 +1,107 @@
+"""What the discriminating inputs and the power measurement cost a kernel check (numbers, not a test).
+
+    python benchmarks/check_power.py            # the default cases, best of 3
+    python benchmarks/check_power.py --repeat 5 --no-kernel
+
+For each case (DeepSeek-V3's MLA at its YaRN scale: decode, DCP 4, an EAGLE
+chain, a draft tree, an FP8 cache) it times, best of ``--repeat``:
+
+- **flat**: the old inputs (``clamp(randn / 10)`` queries: ``logits=None``)
+  and the float64 reference — what a check did before issue 20;
+- **checked**: ``harness.gen_checked_inputs`` (the planted logit profile and
+  ``power.measure_power`` on it, fallback profiles only if a fault slips
+  through), the reference and, with DCP, the merge magnitude — what a check
+  does now before the kernel runs;
+- **check**: one whole ``harness.run_kernel_check`` of this repository's
+  Triton kernel (interpreted without a GPU), which includes *checked*.
+
+The last column is the ratio of a whole check now to the same check with the
+flat inputs: ``check / (check - checked + flat)``; the target is at most 1.2.
+An FP8 case runs twice by design (``k_scale = 1`` and a calibrated-style
+power of two, ``harness.kv_scale_variants``); its times are for one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+CASES = (
+    ("decode", {"dcp": 1, "spec": "none", "kv_dtype": "auto"}),
+    ("dcp4", {"dcp": 4, "spec": "none", "kv_dtype": "auto"}),
+    ("eagle-1x3", {"dcp": 1, "spec": "eagle-1x3", "kv_dtype": "auto"}),
+    ("eagle-4x3 tree", {"dcp": 1, "spec": "eagle-4x3", "kv_dtype": "auto"}),
+    ("fp8_e4m3", {"dcp": 1, "spec": "none", "kv_dtype": "fp8_e4m3"}),
+)
+
+
+def best_of(repeat: int, fn) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="best of N (default 3)")
+    parser.add_argument("--no-kernel", action="store_true", help="inputs only: skip the whole-check column")
+    parser.add_argument("--model", default="deepseek-v3")
+    args = parser.parse_args(argv)
+
+    from pytest_mla.core.models import BUILTIN_MODELS
+    from pytest_mla.kernels.compare import tolerance_for
+    from pytest_mla.kernels.harness import case_for, gen_checked_inputs, run_kernel_check
+    from pytest_mla.kernels.inputs import gen_decode_inputs
+    from pytest_mla.kernels.power import merge_magnitude
+    from pytest_mla.kernels.reference import ref_mla_decode
+
+    model = BUILTIN_MODELS[args.model]
+    print(f"# {args.model}: softmax scale {model.softmax_scale:.5f}, best of {args.repeat}; seconds")
+    print(f"{'case':16} {'flat':>8} {'checked':>8} {'x':>6} {'check':>8} {'check ratio':>12}")
+    worst = 0.0
+    for label, coords in CASES:
+        case = case_for({"model": args.model, "backend": "triton", "arch": "sm90", "page_size": 64, **coords},
+                        model, seed=1234)
+        tol = tolerance_for(case.dtype, case.kv_dtype)
+        variant = case.kv_scales[-1] if case.kv_scales else None
+
+        def flat():
+            x = gen_decode_inputs(
+                case.seqlens, s_q=case.s_q, h_q=case.h_q, h_kv=case.h_kv, d_qk=case.d_qk, d_v=case.d_v,
+                mla=case.mla, page_size=case.page_size, dtype=case.dtype, kv_dtype=case.kv_dtype,
+                softmax_scale=case.softmax_scale, spec_topk=case.spec_topk, spec_steps=case.spec_steps,
+                seed=case.seed, logits=None, dcp=(case.dcp, case.dcp_interleave), kv_scale=variant)
+            ref_mla_decode(**x.ref_args())
+
+        def checked():
+            x, _ = gen_checked_inputs(case, tol.out, kv_scale=variant)
+            ref_mla_decode(**x.ref_args())
+            merge_magnitude(x, (case.dcp, case.dcp_interleave))
+
+        t_flat, t_checked = best_of(args.repeat, flat), best_of(args.repeat, checked)
+        line = f"{label:16} {t_flat:8.3f} {t_checked:8.3f} {t_checked / t_flat:6.1f}"
+        if not args.no_kernel:
+            runs = max(len(case.kv_scales), 1)
+            t_check = best_of(args.repeat, lambda: run_kernel_check(
+                case, "pytest_mla.kernels.triton_mla:mla_decode")) / runs
+            ratio = t_check / max(t_check - t_checked + t_flat, 1e-9)
+            worst = max(worst, ratio)
+            line += f" {t_check:8.3f} {ratio:12.2f}"
+        print(line)
+    if not args.no_kernel:
+        print(f"worst whole-check ratio (checked inputs / flat inputs): {worst:.2f} (target <= 1.2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
