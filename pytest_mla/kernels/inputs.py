@@ -115,6 +115,22 @@ class DecodeInputs:
                 "softmax_scale": self.softmax_scale, "causal": self.causal, "kv_scale": self.kv_scale,
                 "v_cache": self.v_cache, "tree_mask": self.tree_mask}
 
+    def stored_unscaled(self) -> "DecodeInputs":
+        """The inputs as an engine holds them when it stores each token itself in the cache format,
+        ignoring ``kv_scale`` (the "raw" write convention): cache = fp8(cache · kv_scale), scale 1.
+        The reference of such a run is computed from these, so the precision the engine gives up by
+        not scaling is not counted against it; anything it reads with the wrong scale still is."""
+        if self.kv_scale is None:
+            return self
+
+        def unscaled(cache: torch.Tensor | None) -> torch.Tensor | None:
+            if cache is None:
+                return None
+            return (cache.to(torch.float64) * self.kv_scale).to(cache.dtype)
+
+        return dataclasses.replace(self, kv_cache=unscaled(self.kv_cache), v_cache=unscaled(self.v_cache),
+                                   kv_scale=1.0)
+
     def to(self, device: torch.device | str) -> "DecodeInputs":
         def move(x):
             return x.to(device) if isinstance(x, torch.Tensor) else x

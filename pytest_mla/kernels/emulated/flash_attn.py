@@ -2,7 +2,8 @@
 
 Emulated callables: ``sgl_kernel.flash_attn:flash_attn_with_kvcache``,
 ``sgl_kernel:merge_state_v2``, ``vllm.vllm_flash_attn:flash_attn_varlen_func``
-(FA2 and FA3) and FA3's ahead-of-time scheduler ``vllm.vllm_flash_attn:get_scheduler_metadata``.
+(FA2 and FA3) and FA3's ahead-of-time scheduler (``vllm.vllm_flash_attn:get_scheduler_metadata``,
+``sgl_kernel.flash_attn:get_scheduler_metadata``).
 The contract, all in one place:
 
 * Scores ``softmax_scale · (q·k + qv·v)`` (``qv`` is FA3's fused second query,
@@ -76,7 +77,8 @@ import torch
 
 from .glue import OutOfContractError, as_float64, attend, bottom_right_visible, check_dtype, gather_pages, write_out
 
-__all__ = ["EMULATIONS", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata", "merge_state_v2"]
+__all__ = ["EMULATIONS", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata", "merge_state_v2",
+           "sgl_get_scheduler_metadata"]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -322,12 +324,23 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
                            cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
                            causal=False, window_size=(-1, -1), has_softcap=False, num_splits=0, pack_gqa=None,
                            sm_margin=0):
-    """``vllm.vllm_flash_attn.get_scheduler_metadata`` (FA3): a schedule of the library's size (see the contract)."""
+    """FA3's ``get_scheduler_metadata`` (``vllm.vllm_flash_attn``, ``sgl_kernel.flash_attn``): a schedule of the
+    library's size (see the contract)."""
     check_dtype("cache_seqlens", cache_seqlens, (torch.int32,))
     if cache_seqlens.numel() != int(batch_size):
         raise OutOfContractError("cache_seqlens", f"{cache_seqlens.numel()} lengths for batch_size {batch_size}")
     size = 1 + -(-int(batch_size) // 4) * 4 * 4
     return torch.zeros(size, dtype=torch.int32, device=cache_seqlens.device)
+
+
+def sgl_get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_heads_k, headdim,
+                               cache_seqlens, **schedule):
+    """``sgl_kernel.flash_attn.get_scheduler_metadata``: FA3's scheduler as sgl-kernel exposes it, the head
+    counts named ``num_heads`` / ``num_heads_k`` (the names SGLang 0.5.23 passes; the sgl-kernel release it
+    pins was not readable here, the upstream FA3 names are ``num_heads_q`` / ``num_heads_kv``). The rest as
+    ``get_scheduler_metadata``."""
+    return get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads, num_heads_k, headdim,
+                                  cache_seqlens, **schedule)
 
 
 #: The real callable each emulation stands in for ("module:qualname") -> the emulation.
@@ -336,4 +349,6 @@ EMULATIONS = {
     "sgl_kernel:merge_state_v2": merge_state_v2,
     "vllm.vllm_flash_attn:flash_attn_varlen_func": flash_attn_varlen_func,
     "vllm.vllm_flash_attn:get_scheduler_metadata": get_scheduler_metadata,
+    # sgl-kernel's FA3 build exposes the same scheduler (sgl_kernel/flash_attn.py wraps the hopper op)
+    "sgl_kernel.flash_attn:get_scheduler_metadata": sgl_get_scheduler_metadata,
 }

@@ -31,7 +31,9 @@ The contract, all in one place (sources in brackets):
   causal) gets ``out = 0`` and ``lse = +inf`` ("lonely_q_mask") — note the sign:
   ``+inf``, not the ``-inf`` an LSE merge wants. [reference_torch]
 * fp8 (``is_fp8_kvcache`` / the dense fp8 op): q **and** the cache are
-  ``float8_e4m3fn``, head dim 576; values are ``q·descale_q``, ``k·descale_k``
+  ``float8_e4m3fn``, head dim 576 (a cache whose dtype differs from q's fails the
+  library's ``TORCH_CHECK(kcache.dtype() == q_dtype, "query and key must have the
+  same dtype")``: kept, a ``RuntimeError`` as on the GPU); values are ``q·descale_q``, ``k·descale_k``
   and ``v·descale_k`` (per-tensor ``[1]`` float32 tensors).
   [sgl-kernel tests/test_flash_mla.py::test_flash_mla_fp8 ref_mla]
 * Scheduling metadata: the split schedule is computed from ``cache_seqlens``
@@ -185,6 +187,11 @@ def _dense_decode(q, k_cache, head_dim_v, cache_seqlens, block_table, softmax_sc
                   descale_q=None, descale_k=None, out=None):
     """``(out [b, s_q, h_q, d_v], lse [b, h_q, s_q])`` per the contract above."""
     fp8 = q.dtype == torch.float8_e4m3fn
+    if k_cache.dtype != q.dtype and k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16,
+                                                      torch.float16):
+        # the library's own check (csrc/api: TORCH_CHECK(kcache.dtype() == q_dtype, ...)): kept, so an
+        # engine handing FlashMLA a cache of another dtype fails here as it would on the GPU
+        raise RuntimeError("query and key must have the same dtype")
     if fp8:
         check_dtype("k_cache", k_cache, (torch.float8_e4m3fn,))
         if descale_q is None or descale_k is None:

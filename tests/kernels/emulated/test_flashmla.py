@@ -122,6 +122,17 @@ def test_a_descale_left_out_is_caught():
     assert not check_close("out", out, reference(case)[0], TOL).ok
 
 
+def test_a_cache_of_another_dtype_than_q_fails_the_librarys_own_check():
+    """FlashMLA's TORCH_CHECK(kcache.dtype() == q_dtype): an e4m3 query over an e5m2 cache is the library's
+    RuntimeError (a finding when an engine does it), not an emulation that cannot run."""
+    case = make_case([40, 129], kv_dtype="fp8_e5m2", kv_scale=1.0, seed=9)
+    sched, splits = flashmla.get_mla_decoding_metadata_dense_fp8(case.cache_seqlens, 16, 1)
+    with pytest.raises(RuntimeError, match="^query and key must have the same dtype$"):
+        flashmla.fwd_kvcache_mla_fp8(case.q.to(torch.float8_e4m3fn), case.kv_cache, 512, case.cache_seqlens,
+                                     case.block_table, case.softmax_scale, True, sched, splits,
+                                     torch.tensor([1.0]), torch.tensor([1.0]))
+
+
 def test_out_of_range_page_raises():
     case = make_case([70, 129], seed=9)
     table = case.block_table.clone()
