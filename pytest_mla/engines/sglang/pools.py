@@ -651,6 +651,11 @@ class RankSetup:
             out_cache_loc=out_cache_loc.to(device), seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.cpu(),
             positions=positions.to(device), spec_info=spec_info, spec_algorithm=self.runner.spec_algorithm,
         )
+        if getattr(self.runner.model_config, "is_encoder_decoder", False):
+            # SGLang's scheduler gives an encoder-decoder model's batches their encoder lengths
+            # (ScheduleBatch.prepare_encoder_info_extend): 0 for a request without an image, as here
+            values.update(encoder_lens=torch.zeros(b, dtype=torch.int64, device=device), encoder_lens_cpu=[0] * b,
+                          encoder_cached=[True] * b)
         self.forward_batch = make_dataclass(engine.forward_batch_cls, **values)
         own_plan = getattr(self.translator, "own_plan", None)
         if own_plan is not None:  # 0.5.22+: a ForwardBatch is bound to the translator's plan

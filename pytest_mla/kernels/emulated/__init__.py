@@ -3,8 +3,9 @@
 Each module states its library's contract in its docstring (layouts, paging,
 causal alignment, LSE base, every scale, head padding, what it refuses) and
 exports ``EMULATIONS``: the real callable's ``"module:qualname"`` → the
-emulation. :data:`EMULATIONS` here joins them, so a driver can patch by name
-and a report can list what it replaced. ``glue`` holds the shared pieces and
+emulation (and, where an engine probes for a name the emulated release does
+not define, ``NOT_IN_LIBRARY``: module → names the stand-in must not offer).
+:data:`EMULATIONS` here joins them, so a driver can patch by name and a report can list what it replaced. ``glue`` holds the shared pieces and
 :class:`OutOfContractError`, raised for anything an emulation does not model.
 
 Importing this package imports neither torch nor a library: the modules load
@@ -18,9 +19,9 @@ import importlib
 from typing import Any
 
 #: The library modules, in the order their entries appear in ``EMULATIONS``.
-LIBRARY_MODULES = ("flashinfer", "flashmla", "flash_attn", "cutlass_mla", "quant", "sglang_jit", "vllm_ops")
+LIBRARY_MODULES = ("flashinfer", "flashinfer_gqa", "flashmla", "flash_attn", "cutlass_mla", "quant", "sglang_jit", "vllm_ops")
 
-__all__ = ["EMULATIONS", "LIBRARY_MODULES", "OutOfContractError", "emulation_for"]
+__all__ = ["EMULATIONS", "LIBRARY_MODULES", "NOT_IN_LIBRARY", "OutOfContractError", "emulation_for"]
 
 
 def _registry() -> dict[str, Any]:
@@ -31,6 +32,14 @@ def _registry() -> dict[str, Any]:
                 raise RuntimeError(f"two emulations claim {key!r}")
             merged[key] = value
     return merged
+
+
+def _not_in_library() -> dict[str, frozenset[str]]:
+    merged: dict[str, set[str]] = {}
+    for name in LIBRARY_MODULES:
+        for module, names in getattr(importlib.import_module(f"{__name__}.{name}"), "NOT_IN_LIBRARY", {}).items():
+            merged.setdefault(module, set()).update(names)
+    return {module: frozenset(names) for module, names in merged.items()}
 
 
 def emulation_for(qualified_name: str) -> Any:
@@ -45,6 +54,8 @@ def emulation_for(qualified_name: str) -> Any:
 def __getattr__(name: str) -> Any:
     if name == "EMULATIONS":
         value = _registry()
+    elif name == "NOT_IN_LIBRARY":
+        value = _not_in_library()
     elif name == "OutOfContractError":
         value = importlib.import_module(f"{__name__}.glue").OutOfContractError
     elif name in LIBRARY_MODULES or name == "glue":

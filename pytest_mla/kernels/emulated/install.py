@@ -7,7 +7,9 @@ for the duration of a ``with emulations_installed(names) as log:`` block:
   not installed (a CPU host): a stand-in module is put in ``sys.modules``
   (with its parent packages and a module spec, so ``importlib.util.find_spec``
   finds it and an engine's "is the library available" probe says yes). It
-  holds the emulations; any other name it is asked for is a placeholder that
+  holds the emulations; a name the emulated release does not define
+  (``NOT_IN_LIBRARY``) is missing, as ``from x import name`` finds it on a
+  host with that release; any other name it is asked for is a placeholder that
   raises :class:`OutOfContractError` naming ``module.name`` when called (a
   class name builds an inert instance whose methods raise so), so importing an
   engine module and building its unused wrappers works, and only a kernel
@@ -103,8 +105,8 @@ class _StandIn(types.ModuleType):
     """
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
+        if name.startswith("__") or name in _ABSENT.get(self.__name__, ()):
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
         prefix = self.__name__ + "."
         for module_name, module in list(_STAND_INS.items()):
             if module_name.startswith(prefix) and sys.modules.get(module_name) is module and name in module.__dict__:
@@ -114,6 +116,10 @@ class _StandIn(types.ModuleType):
 
 #: Stand-ins alive, by module name (a package's re-export lookup scans these, not all of sys.modules).
 _STAND_INS: dict[str, _StandIn] = {}
+
+
+#: Names the emulated releases do not define, by module (``NOT_IN_LIBRARY``), while installed.
+_ABSENT: dict[str, frozenset[str]] = {}
 
 
 #: The call log of the installation in force. Engines cache kernel handles across checks (SGLang's
@@ -199,7 +205,8 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.roots = roots
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname.split(".")[0] in self.roots:
+        parent, _, leaf = fullname.rpartition(".")
+        if fullname.split(".")[0] in self.roots and leaf not in _ABSENT.get(parent, ()):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -292,6 +299,8 @@ def _bind_late_imports(packages: Iterable[str], stood_in: set[str], patches: _Pa
             if bound_as in module.__dict__:
                 continue
             source = sys.modules.get(library) or _PlaceholderModule(library)
+            if attr and attr in _ABSENT.get(library, ()):
+                continue  # the import itself fails against that release: nothing would be bound
             patches.set(module, bound_as, getattr(source, attr) if attr else source)
 
 
@@ -305,18 +314,27 @@ class _PlaceholderModule:
 
 @contextlib.contextmanager
 def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None = None, *,
-                         late_imports: Iterable[str] = (), preload: Iterable[str] = ()) -> Iterator[CallLog]:
+                         late_imports: Iterable[str] = (), preload: Iterable[str] = (),
+                         absent: dict[str, Iterable[str]] | None = None) -> Iterator[CallLog]:
     """Install the emulations of ``names`` (``"module:qualname"`` keys of ``EMULATIONS``) for the block.
 
     ``preload``: engine modules to import once the libraries are importable
     (a backend module that imports its library unguarded); ``late_imports``:
     packages (``"sglang"``) whose loaded modules then get the names their
-    module-level imports of a stood-in library would have bound.
+    module-level imports of a stood-in library would have bound; ``absent``:
+    module → names its stand-in does not offer (default: the package's
+    ``NOT_IN_LIBRARY`` with the package's registry, none with another).
     """
     if registry is None:
         from . import EMULATIONS as registry  # noqa: N811 (the package's lazy registry)
+        if absent is None:
+            from . import NOT_IN_LIBRARY as absent
+    saved_absent = dict(_ABSENT)
+    for module_name, missing in (absent or {}).items():
+        _ABSENT[module_name] = _ABSENT.get(module_name, frozenset()) | frozenset(missing)
     log = CallLog()
     patches = _Patches()
+    patches._undo.append(lambda: (_ABSENT.clear(), _ABSENT.update(saved_absent)))
     _CURRENT.append(log)
     patches._undo.insert(0, lambda: _CURRENT.remove(log))
     try:
