@@ -25,6 +25,8 @@ Faults (what a buggy release could ship):
   (each request's newest cached token).
 * ``merge-lse-base2``: ``cp_lse_ag_out_rs_mha`` is handed each rank's LSE in
   base 2 (a kernel library's convention) and merges it as natural log.
+* ``flashmla-scale-x1.05``: SGLang's ``FlashMLABackend.forward_decode`` hands
+  its (emulated) FlashMLA kernel the layer's softmax scale times 1.05.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ CASES = {
     "v2lite-decode-dcp4": ("deepseek-v2-lite", "none", 4, "auto"),
     "llama-decode-dcp4": ("llama-3.1-8b", "none", 4, "auto"),
     "llama-decode": ("llama-3.1-8b", "none", 1, "auto"),
+    # SGLang's CUDA backends around emulated kernels (level emulated): (model, spec, dcp, kv, backend, page)
+    "v2lite-decode-flashmla": ("deepseek-v2-lite", "none", 1, "auto", "flashmla", 64),
+    "v3-decode-flashinfer": ("deepseek-v3", "none", 1, "auto", "flashinfer", 1),
+    "v2lite-decode-dcp4-flashinfer": ("deepseek-v2-lite", "none", 4, "auto", "flashinfer", 1),
 }
 
 
@@ -145,7 +151,21 @@ FAULTS = {
     "extend-scale-x1.05": (*_EXTEND, lambda f: _scaled(f, 1.05)),
     "decode-drops-last-token": (*_DECODE, _decode_short_fault),
     "merge-lse-base2": ("sglang.srt.layers.dcp.comm", "cp_lse_ag_out_rs_mha", _merge_base2_fault),
+    "flashmla-scale-x1.05": ("backend:flashmla", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
 }
+
+
+def _layer_scaled(original: Any, factor: float) -> Any:
+    """A backend's ``forward_decode`` that hands its kernel the layer's softmax scale times ``factor``
+    (the backend's own code around an emulated kernel computing the wrong scale)."""
+    def forward_decode(self, q, k, v, layer, *args, **kwargs):
+        saved = layer.scaling
+        layer.scaling = saved * factor
+        try:
+            return original(self, q, k, v, layer, *args, **kwargs)
+        finally:
+            layer.scaling = saved
+    return forward_decode
 
 
 @contextlib.contextmanager
@@ -161,6 +181,27 @@ def injected(fault: str) -> Iterator[None]:
     load_engine()  # the Triton mode and stubs first, as the runner does
     module_name, attr, make = FAULTS[fault]
     importlib.import_module("sglang.srt.layers.attention.triton_backend")
+    if module_name.startswith("backend:"):  # a method of the class SGLang's factory builds, for the block
+        name = module_name.split(":", 1)[1]
+        backends = importlib.import_module("sglang.srt.layers.attention.attention_registry").ATTENTION_BACKENDS
+        factory, patched = backends[name], {}
+
+        def faulty_factory(*args: Any, **kwargs: Any) -> Any:
+            backend = factory(*args, **kwargs)  # inside the check: its kernel library is importable
+            owner = next(k for k in type(backend).__mro__ if attr in vars(k))
+            if owner not in patched:
+                patched[owner] = vars(owner)[attr]
+                setattr(owner, attr, make(patched[owner]))
+            return backend
+
+        backends[name] = faulty_factory
+        try:
+            yield
+        finally:
+            backends[name] = factory
+            for owner, original in patched.items():
+                setattr(owner, attr, original)
+        return
     module = importlib.import_module(module_name)
     original = getattr(module, attr)
     faulty = make(original)
@@ -192,15 +233,17 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     from pytest_mla.kernels import harness
     from pytest_mla.runner import run_check
 
-    model, spec, dcp, kv = CASES[case_id]
+    model, spec, dcp, kv, backend, page = (*CASES[case_id], "triton", 1)[:6]
     matrix = load_matrix(ROOT / "matrix" / "sglang.toml")
-    coords = {"model": model, "backend": "triton", "dcp": dcp, "spec": spec, "arch": "sm90", "kv_dtype": kv}
+    coords = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": "sm90", "kv_dtype": kv}
     cell = next(c for c in matrix.cells() if c.coords == coords)
     config = matrix.models[model]
     tp = dcp
     kv_heads = 1 if config.mla else max(1, config.num_kv_heads // (tp // dcp))
-    kernel, _ = kernel_for(cell, config, decode_backend="triton", page_size=1, kv_cache_dtype=kv, tp=tp,
-                           num_heads=config.num_heads // tp, num_kv_heads=kv_heads, host_arch=None)
+    kernel, why = kernel_for(cell, config, decode_backend=backend, page_size=page, kv_cache_dtype=kv, tp=tp,
+                             num_heads=config.num_heads // tp, num_kv_heads=kv_heads, host_arch=None)
+    if kernel is None:
+        raise SystemExit(f"{case_id}: no check ({why})")
     if wrapped:
         kernel = dataclasses.replace(kernel, target="sglang_faults:run")
     case = harness.case_for(cell.coords, config, seed=0, dtype=dtype, overrides=dict(kernel.case))

@@ -107,6 +107,11 @@ class _StandIn(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in _ABSENT.get(self.__name__, ()):
             raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        current = sys.modules.get(self.__name__)
+        if current is not self and isinstance(current, _StandIn):
+            # an engine module kept this stand-in from an earlier installation (``import flash_mla`` at
+            # its top): it answers with the installation in force, as a cached handle does
+            return getattr(current, name)
         prefix = self.__name__ + "."
         for module_name, module in list(_STAND_INS.items()):
             if module_name.startswith(prefix) and sys.modules.get(module_name) is module and name in module.__dict__:

@@ -148,3 +148,16 @@ def test_a_handle_cached_in_an_earlier_check_reports_to_the_current_one_and_refu
         assert cached() == 7 and log.called == names
     with pytest.raises(OutOfContractError, match="outside one"):
         cached()
+
+
+def test_a_module_kept_from_an_earlier_check_answers_with_the_installation_in_force():
+    """An engine module's top-level ``import flash_mla`` keeps the first check's stand-in module; a later
+    check's call through it must reach the emulation in force (it used to find a placeholder)."""
+    names = ["pytest_mla_nolib8:decode"]
+    registry = {names[0]: lambda: 8}
+    with emulations_installed(names, registry):
+        kept = importlib.import_module("pytest_mla_nolib8")
+    with emulations_installed(names, registry) as log:
+        assert kept.decode() == 8 and log.called == names
+    with pytest.raises(OutOfContractError, match="has no emulation"):
+        kept.decode()
