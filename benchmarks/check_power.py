@@ -10,7 +10,7 @@ chain, a draft tree, an FP8 cache) it times, best of ``--repeat``:
   and the float64 reference — what a check did before issue 20;
 - **checked**: ``harness.gen_checked_inputs`` (the planted logit profile and
   ``power.measure_power`` on it, fallback profiles only if a fault slips
-  through), the reference and, with DCP, the merge magnitude — what a check
+  through), the reference and the output magnitude (its relative bound) — what a check
   does now before the kernel runs;
 - **check**: one whole ``harness.run_kernel_check`` of this repository's
   Triton kernel (interpreted without a GPU), which includes *checked*.
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_mla.kernels.compare import tolerance_for
     from pytest_mla.kernels.harness import case_for, gen_checked_inputs, run_kernel_check
     from pytest_mla.kernels.inputs import gen_decode_inputs
-    from pytest_mla.kernels.power import merge_magnitude
+    from pytest_mla.kernels.power import output_magnitude
     from pytest_mla.kernels.reference import ref_mla_decode
 
     model = BUILTIN_MODELS[args.model]
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         def checked():
             x, _ = gen_checked_inputs(case, tol.out, kv_scale=variant)
             ref_mla_decode(**x.ref_args())
-            merge_magnitude(x, (case.dcp, case.dcp_interleave))
+            output_magnitude(x)
 
         t_flat, t_checked = best_of(args.repeat, flat), best_of(args.repeat, checked)
         line = f"{label:16} {t_flat:8.3f} {t_checked:8.3f} {t_checked / t_flat:6.1f}"

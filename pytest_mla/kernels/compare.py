@@ -112,24 +112,23 @@ class CloseResult:
         return d
 
 
-def merged_bound(tol: Tolerance, magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The relative part of a DCP merge's bound: the kernel's ``rel`` on each partial's share,
-    plus the exchange's own two roundings in the output dtype (each rank's weighted partial and
-    the sum; unit roundoff ``u``), all on the merged terms' size ``Σ_r w_r·|o_r|``."""
-    u = torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
+def merged_bound(tol: Tolerance, magnitude: torch.Tensor, dtype: torch.dtype, exchange: bool = False) -> torch.Tensor:
+    """The relative part of an element's bound: ``rel`` on the size of the terms the output sums
+    (``magnitude`` = ``max(|o|, Σ_j p_j·|v_j|)``); a DCP merge (``exchange``) adds its own two roundings in
+    the output dtype (each rank's weighted partial and the sum; unit roundoff ``u``)."""
+    u = torch.finfo(dtype).eps / 2 if dtype.is_floating_point and exchange else 0.0
     return (tol.rel + 2 * u) * magnitude
 
 
 def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
-                magnitude: torch.Tensor | None = None) -> CloseResult:
+                magnitude: torch.Tensor | None = None, exchange: bool = False) -> CloseResult:
     """Measure ``ans`` against ``ref`` (any float dtypes; compared in float64).
 
-    ``magnitude`` (the shape of ``ref``, each element ``>= |ref|``) is what the
-    relative bound applies to when the output is a sum of terms that may cancel:
-    a DCP merge adds the ranks' weighted partial outputs, each rounded to the
-    model dtype, so its rounding error scales with ``Σ_r w_r·|o_r|``
-    (``power.merge_magnitude``), not with the merged ``|o|``, and the exchange
-    rounds twice more (``merged_bound``).
+    ``magnitude`` (the shape of ``ref``, each element ``>= 0``) is the size of the terms
+    each output element sums, ``Σ_j p_j·|v_j|`` (``power.output_magnitude``): the relative
+    bound applies to ``max(|ref|, magnitude)``, since a kernel's rounding error scales with
+    the terms, not with their (possibly cancelling) sum; ``exchange`` (a DCP merge of partials
+    exchanged in the output dtype) adds the exchange's two roundings (``merged_bound``).
     """
     result = CloseResult(name=name, ok=False, shape=list(ans.shape), ref_shape=list(ref.shape),
                          dtype=str(ans.dtype).replace("torch.", ""), tol=tol)
@@ -160,7 +159,7 @@ def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
         elem_bad = finite & (err > tol.abs) & (err > tol.rel * scale)
     else:
         scale = torch.maximum(r.abs(), magnitude.detach().to("cpu", torch.float64).flatten())
-        elem_bad = finite & (err > tol.abs) & (err > merged_bound(tol, scale, ans.dtype))
+        elem_bad = finite & (err > tol.abs) & (err > merged_bound(tol, scale, ans.dtype, exchange))
     rel = err / scale.clamp(min=1e-30)
     if finite.any():
         result.max_abs_err = float(err.max())
@@ -189,10 +188,10 @@ def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
     result.message = f"{name}: " + "; ".join(problems) if problems else None
     return result
 
-def tolerance_record(tol: Any, merged: bool) -> dict[str, Any]:
-    """The tolerance as the record states it; a DCP check's relative bound is on the merged partials' size."""
+def tolerance_record(tol: Any, magnitude: bool, exchange: bool = False) -> dict[str, Any]:
+    """The tolerance as the record states it, with what its relative bound applies to."""
     d = tol.as_dict()
-    if merged:
-        d["out"]["rel_to"] = ("DCP merge: rel + 2 unit roundoffs of the output dtype, on the sum of the ranks' "
-                              "weighted |partial outputs|")
+    if magnitude:
+        d["out"]["rel_to"] = "max(|ref|, sum_j p_j |v_j|)" + (
+            " + 2 unit roundoffs of the output dtype (DCP exchange)" if exchange else "")
     return d

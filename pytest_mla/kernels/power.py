@@ -35,7 +35,7 @@ from .compare import Tolerance, merged_bound
 from .inputs import DecodeInputs
 from .reference import ref_gather
 
-__all__ = ["MARGIN", "PLANTED_FAULTS", "WeakCheck", "measure_power", "merge_magnitude"]
+__all__ = ["MARGIN", "PLANTED_FAULTS", "WeakCheck", "measure_power", "output_magnitude"]
 
 #: A fault counts as detected only if the check would fail it with every bound this many times looser.
 MARGIN = 2.0
@@ -136,7 +136,8 @@ def _merge(outs: torch.Tensor, lses: torch.Tensor, weights: str) -> torch.Tensor
 
 
 def _effect(perturbed: torch.Tensor, ref: torch.Tensor, tol: Tolerance, margin: float,
-            magnitude: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+            magnitude: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
+            exchange: bool = False) -> dict[str, Any]:
     """Whether ``compare.check_close`` would fail ``perturbed`` with every bound ``margin`` times looser.
 
     The same rule as ``check_close`` (an element fails beyond abs **and** rel; the
@@ -149,7 +150,7 @@ def _effect(perturbed: torch.Tensor, ref: torch.Tensor, tol: Tolerance, margin: 
     if magnitude is None:
         bound = tol.rel * ref.abs()
     else:
-        bound = merged_bound(tol, torch.maximum(ref.abs(), magnitude), dtype)
+        bound = merged_bound(tol, torch.maximum(ref.abs(), magnitude), dtype, exchange)
     beyond = (err > tol.abs * margin) & (err > margin * bound)
     denom = float((perturbed * perturbed).sum() + (ref * ref).sum())
     cos = 1.0 - 2.0 * float((perturbed * ref).sum()) / denom if denom > 0 else 0.0
@@ -172,23 +173,16 @@ def _rank_parts(reqs: list[_Request], x: DecodeInputs, world: int, interleave: i
     return torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts])
 
 
-def _magnitude(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
-    """``Σ_r w_r·|o_r|`` with ``w_r = exp(lse_r - lse)``: the size of the terms a DCP merge adds."""
-    lse = lses.permute(0, 1, 3, 2)[..., None]  # [N, b, s_q, h, 1]
-    present = torch.isfinite(lse)
-    w = torch.softmax(torch.where(present, lse, -math.inf), dim=0)
-    w = torch.nan_to_num(w, nan=0.0)
-    return (w * torch.where(present, outs, 0.0).abs()).sum(0)
+def output_magnitude(x: DecodeInputs, reqs: list[_Request] | None = None) -> torch.Tensor:
+    """``Σ_j p_j·|v_j|`` per output element (float64 ``[b, s_q, h_q, d_v]``): the size of the terms an
+    attention output sums, what its relative bound applies to (``compare.check_close``'s ``magnitude``).
 
-
-def merge_magnitude(x: DecodeInputs, dcp: tuple[int, int]) -> torch.Tensor | None:
-    """What a DCP check's relative bound applies to (``compare.check_close``'s ``magnitude``), float64
-    ``[b, s_q, h_q, d_v]``; None without DCP. The ranks exchange partial outputs in the model dtype, so a
-    correct merge is off by a few of their ulps, which where partials cancel is many ulps of the sum."""
-    world, interleave = dcp
-    if world <= 1:
-        return None
-    return _magnitude(*_rank_parts(_requests(x), x, world, interleave))
+    A kernel rounds the weights ``p_j`` (or partial outputs) to the model dtype, so its error scales
+    with this sum, not with ``|o|``: where the terms cancel, ``|o|`` is small and a correct kernel is
+    many of its ulps off. Under DCP it bounds the ranks' weighted partials too (``Σ_r w_r·|o_r|``).
+    """
+    reqs = _requests(x) if reqs is None else reqs
+    return _batch(reqs, x, lambda i, r: _attend(r, r.visible, v=r.v.abs()))[0]
 
 
 def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1, 1),
@@ -206,10 +200,11 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
     faults: dict[str, dict[str, Any]] = {}
     world, interleave = dcp
     parts = _rank_parts(reqs, x, world, interleave) if world > 1 else None
-    magnitude = _magnitude(*parts) if parts is not None else None
+    magnitude = output_magnitude(x, reqs)
+    exchange = world > 1
 
     scaled, _ = _batch(reqs, x, lambda i, r: _attend(r, r.visible, SCALE_ERROR))
-    faults["scale_x1.05"] = _effect(scaled, ref_out, tol, margin, magnitude, x.q.dtype)
+    faults["scale_x1.05"] = _effect(scaled, ref_out, tol, margin, magnitude, x.q.dtype, exchange)
 
     page_size = x.kv_cache.shape[1]
     per_kind: dict[str, list[dict[str, Any]]] = {}
@@ -218,7 +213,7 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
             scores, v = r.scores.clone(), r.v.clone()
             scores[..., p], v[p] = r.scores[..., src], r.v[src]
             misread, _ = _batch(reqs, x, lambda j, rr: _attend(rr, rr.visible, scores=scores, v=v), base, only=i)
-            per_kind.setdefault(kind, []).append(_effect(misread, ref_out, tol, margin, magnitude, x.q.dtype))
+            per_kind.setdefault(kind, []).append(_effect(misread, ref_out, tol, margin, magnitude, x.q.dtype, exchange))
     if per_kind:
         missed = sorted(kind for kind, effects in per_kind.items() if not all(e["detected"] for e in effects))
         weakest = min((e for effects in per_kind.values() for e in effects), key=lambda e: e["cos_diff"])
@@ -229,12 +224,12 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
     s_q = x.q.shape[1]
     if s_q > 1 and (x.causal or x.tree_mask is not None):
         unmasked, _ = _batch(reqs, x, lambda i, r: _attend(r, torch.ones_like(r.visible)))
-        faults["mask_dropped"] = _effect(unmasked, ref_out, tol, margin, magnitude, x.q.dtype)
+        faults["mask_dropped"] = _effect(unmasked, ref_out, tol, margin, magnitude, x.q.dtype, exchange)
 
     if parts is not None:
         outs, lses = parts
-        faults["merge_equal_weights"] = _effect(_merge(outs, lses, "equal"), ref_out, tol, margin, magnitude, x.q.dtype)
-        faults["lse_base_swapped"] = _effect(_merge(outs, lses, "base2_as_e"), ref_out, tol, margin, magnitude, x.q.dtype)
+        faults["merge_equal_weights"] = _effect(_merge(outs, lses, "equal"), ref_out, tol, margin, magnitude, x.q.dtype, exchange)
+        faults["lse_base_swapped"] = _effect(_merge(outs, lses, "base2_as_e"), ref_out, tol, margin, magnitude, x.q.dtype, exchange)
 
     return {"margin": margin, "faults": faults,
             "undetected": [name for name in PLANTED_FAULTS if name in faults and not faults[name]["detected"]]}

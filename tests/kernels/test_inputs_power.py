@@ -16,7 +16,7 @@ import torch
 from pytest_mla.core.models import BUILTIN_MODELS
 from pytest_mla.kernels.compare import FP8_DOT_TOLERANCES, TOLERANCES, Tolerance, check_close
 from pytest_mla.kernels.inputs import DISCRIMINATING, gen_decode_inputs
-from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power, merge_magnitude
+from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power, output_magnitude
 from pytest_mla.kernels.reference import ref_gather, ref_merge, ref_mla_decode
 
 V3 = BUILTIN_MODELS["deepseek-v3"]
@@ -183,16 +183,25 @@ def _bf16_exchange(x, world: int, base2: bool = False) -> torch.Tensor:
 
 
 def test_a_bf16_exchange_passes_the_merge_bound_and_a_base2_lse_fails_it():
-    """The DCP bound (check_close's magnitude) admits the roundings of an exchange in bf16 and nothing
-    a planted merge fault does: a base-2 LSE merged as natural log fails it on the same inputs."""
+    """The DCP bound (check_close's magnitude and exchange) admits the roundings of an exchange in bf16
+    and nothing a planted merge fault does: a base-2 LSE merged as natural log fails it on the same inputs."""
     world = 2
     for seed in range(6):
         x = mla([200], seed=seed, dcp=(world, 1))
         ref, _ = ref_mla_decode(**x.ref_args())
-        magnitude = merge_magnitude(x, (world, 1))
+        magnitude = output_magnitude(x)
         assert magnitude.shape == ref.shape and bool((magnitude >= ref.abs() - 1e-12).all())
-        good = check_close("out", _bf16_exchange(x, world), ref, BF16, magnitude)
+        good = check_close("out", _bf16_exchange(x, world), ref, BF16, magnitude, exchange=True)
         assert good.ok, good.message
-        bad = check_close("out", _bf16_exchange(x, world, base2=True), ref, BF16, magnitude)
+        bad = check_close("out", _bf16_exchange(x, world, base2=True), ref, BF16, magnitude, exchange=True)
         assert not bad.ok
-    assert merge_magnitude(x, (1, 1)) is None
+
+
+def test_the_magnitude_is_attention_over_the_absolute_values():
+    """Σ_j p_j·|v_j|, computed independently from the logits: equal to |o| where V has one sign."""
+    x = mla([90], seed=5)
+    n = 90
+    k = ref_gather(x.kv_cache, x.block_table[0], n).to(torch.float64)
+    p = torch.softmax(logits_of(x, 0, 0), -1)  # [h, n]
+    expect = p @ k[:, 0, :512].abs()
+    assert torch.allclose(output_magnitude(x)[0, 0], expect, rtol=1e-9, atol=1e-12)
