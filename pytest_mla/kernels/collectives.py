@@ -24,6 +24,7 @@ build the engine's own group on top of ``process_group`` instead.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
@@ -52,6 +53,10 @@ class Collectives(Protocol):
         """The elementwise sum of every rank's ``tensor`` (a new tensor)."""
         ...
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (a picklable Python object, tensors included), in rank order; copies."""
+        ...
+
     def barrier(self) -> None:
         ...
 
@@ -66,6 +71,9 @@ class SoloCollectives:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [copy.deepcopy(obj)]
 
     def barrier(self) -> None:
         pass
@@ -113,8 +121,7 @@ class _ThreadCollectives:
         self.world = table.world
         self.process_group = None
 
-    def _collective(self, label: str, tensor: torch.Tensor | None,
-                    combine: Callable[[list[Any]], Any]) -> Any:
+    def _collective(self, label: str, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
         t = self._table
         with t.cond:
             index = t.calls[self.rank]
@@ -125,7 +132,7 @@ class _ThreadCollectives:
                            f"called {t.labels[index]}")
                 t.cond.notify_all()
                 raise CollectiveError(t.abort)
-            slot[self.rank] = tensor.detach().clone() if tensor is not None else None
+            slot[self.rank] = value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
             if len(slot) == t.world:
                 t.results[index] = combine([slot[r] for r in range(t.world)])
             t.pass_turn(self.rank)
@@ -137,6 +144,9 @@ class _ThreadCollectives:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._collective("all_reduce", tensor, lambda xs: torch.stack(xs).sum(0).to(xs[0].dtype)).clone()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [copy.deepcopy(x) for x in self._collective("all_gather_object", obj, lambda xs: xs)]
 
     def barrier(self) -> None:
         self._collective("barrier", None, lambda xs: None)
@@ -232,6 +242,11 @@ class TorchCollectives:
         x = self._wire(tensor).clone()
         self._dist.all_reduce(x, group=self.process_group)
         return x.to(tensor.device, tensor.dtype)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.world
+        self._dist.all_gather_object(gathered, obj, group=self.process_group)
+        return gathered
 
     def barrier(self) -> None:
         self._dist.barrier(group=self.process_group)

@@ -27,6 +27,15 @@ Faults (what a buggy release could ship):
   base 2 (a kernel library's convention) and merges it as natural log.
 * ``flashmla-scale-x1.05``: SGLang's ``FlashMLABackend.forward_decode`` hands
   its (emulated) FlashMLA kernel the layer's softmax scale times 1.05.
+* ``fi-a2a-lse-base-swapped``: ``--dcp-comm-backend fi_a2a``'s reduce
+  (``_dcp_fi_a2a_lse_reduce``) merges the partials it received through
+  FlashInfer's all-to-all in the other LSE base than the backend's.
+* ``fi-a2a-drops-last-rank``: the same reduce loses the last DCP rank's
+  partial (its LSE sent as ``-inf``, so every receiver merges without it).
+
+A case is a Triton cell (checked under Triton's interpreter), or one naming a
+CUDA backend, checked at level ``emulated`` (its kernel library calls emulated)
+on the cell's arch: sm90 unless the case names another.
 """
 
 from __future__ import annotations
@@ -53,10 +62,13 @@ CASES = {
     "v2lite-decode-dcp4": ("deepseek-v2-lite", "none", 4, "auto"),
     "llama-decode-dcp4": ("llama-3.1-8b", "none", 4, "auto"),
     "llama-decode": ("llama-3.1-8b", "none", 1, "auto"),
-    # SGLang's CUDA backends around emulated kernels (level emulated): (model, spec, dcp, kv, backend, page)
+    # SGLang's CUDA backends around emulated kernels (level emulated): (model, spec, dcp, kv, backend, page[, arch])
     "v2lite-decode-flashmla": ("deepseek-v2-lite", "none", 1, "auto", "flashmla", 64),
     "v3-decode-flashinfer": ("deepseek-v3", "none", 1, "auto", "flashinfer", 1),
     "v2lite-decode-dcp4-flashinfer": ("deepseek-v2-lite", "none", 4, "auto", "flashinfer", 1),
+    # on sm100 SGLang's DCP exchange is --dcp-comm-backend fi_a2a (FlashInfer's DCP all-to-all, emulated)
+    "v2lite-flashinfer-dcp4-sm100": ("deepseek-v2-lite", "none", 4, "auto", "flashinfer", 1, "sm100"),
+    "v3-flashinfer-dcp4-sm100": ("deepseek-v3", "none", 4, "auto", "flashinfer", 1, "sm100"),
 }
 
 
@@ -138,7 +150,24 @@ def _merge_base2_fault(original: Any) -> Any:
     return cp_lse_ag_out_rs_mha
 
 
+def _fi_a2a_base_fault(original: Any) -> Any:
+    def _dcp_fi_a2a_lse_reduce(cp_attn_out, cp_attn_lse, cp_group, is_lse_base_on_e=True):
+        return original(cp_attn_out, cp_attn_lse, cp_group, not is_lse_base_on_e)
+
+    return _dcp_fi_a2a_lse_reduce
+
+
+def _fi_a2a_drop_fault(original: Any) -> Any:
+    def _dcp_fi_a2a_lse_reduce(cp_attn_out, cp_attn_lse, cp_group, is_lse_base_on_e=True):
+        if cp_group.rank_in_group == cp_group.world_size - 1:
+            cp_attn_lse = cp_attn_lse.clone().fill_(float("-inf"))
+        return original(cp_attn_out, cp_attn_lse, cp_group, is_lse_base_on_e)
+
+    return _dcp_fi_a2a_lse_reduce
+
+
 _DECODE = ("sglang.kernels.ops.attention.decode_attention", "decode_attention_fwd")
+_FI_A2A = ("sglang.srt.layers.dcp.comm", "_dcp_fi_a2a_lse_reduce")
 _EXTEND = ("sglang.kernels.ops.attention.extend_attention", "extend_attention_fwd")
 
 FAULTS = {
@@ -152,6 +181,8 @@ FAULTS = {
     "decode-drops-last-token": (*_DECODE, _decode_short_fault),
     "merge-lse-base2": ("sglang.srt.layers.dcp.comm", "cp_lse_ag_out_rs_mha", _merge_base2_fault),
     "flashmla-scale-x1.05": ("backend:flashmla", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
+    "fi-a2a-lse-base-swapped": (*_FI_A2A, _fi_a2a_base_fault),
+    "fi-a2a-drops-last-rank": (*_FI_A2A, _fi_a2a_drop_fault),
 }
 
 
@@ -233,9 +264,11 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     from pytest_mla.kernels import harness
     from pytest_mla.runner import run_check
 
-    model, spec, dcp, kv, backend, page = (*CASES[case_id], "triton", 1)[:6]
+    entry = CASES[case_id]
+    model, spec, dcp, kv = entry[:4]
+    backend, page, arch = (*entry[4:], *("triton", 1, "sm90")[len(entry) - 4:])
     matrix = load_matrix(ROOT / "matrix" / "sglang.toml")
-    coords = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": "sm90", "kv_dtype": kv}
+    coords = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": arch, "kv_dtype": kv}
     cell = next(c for c in matrix.cells() if c.coords == coords)
     config = matrix.models[model]
     tp = dcp
@@ -269,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         errors = record.get("errors") or {}
         print(json.dumps({"scenario": scenario, "status": record.get("status"), "finding": record.get("finding", False),
                           "message": record.get("message"), "function": record.get("function"),
-                          "functions": record.get("functions"), "max_abs": (errors.get("out") or {}).get("max_abs_err"),
+                          "functions": record.get("functions"), "emulated": record.get("emulated"),
+                          "level": record.get("level"), "max_abs": (errors.get("out") or {}).get("max_abs_err"),
                           "notes": record.get("notes")}), flush=True)
     return 0
 

@@ -96,6 +96,30 @@ def test_merge_fault_reaches_distributed_ranks():
     assert rows["merge-ignores-lse:llama-decode-dcp4"]["status"] == "failed", rows
 
 
+def test_fi_a2a_exchange_runs_across_ranks_and_faults_in_sglangs_merge_fail_the_cell():
+    """On sm100 SGLang exchanges DCP partials through FlashInfer's all-to-all (``--dcp-comm-backend
+    fi_a2a``): emulated, the exchange is real across the rank threads and SGLang's own reduce merges
+    what arrives, so a wrong LSE base or a lost rank in that reduce fails the cell."""
+    rows = drive(".venv-sglang", "none:v2lite-flashinfer-dcp4-sm100", "none:v3-flashinfer-dcp4-sm100",
+                 "fi-a2a-lse-base-swapped:v2lite-flashinfer-dcp4-sm100",
+                 "fi-a2a-drops-last-rank:v2lite-flashinfer-dcp4-sm100",
+                 "fi-a2a-lse-base-swapped:v3-flashinfer-dcp4-sm100",
+                 "merge-ignores-lse:v2lite-flashinfer-dcp4-sm100")
+    for case in ("v2lite", "v3"):
+        ok = rows[f"none:{case}-flashinfer-dcp4-sm100"]
+        assert ok["status"] == "verified" and ok["level"] == "emulated", ok
+        for name in ("allocate_mnnvl_workspace", "init_workspace", "alltoall"):
+            assert f"flashinfer.comm.dcp_alltoall:decode_cp_a2a_{name}" in ok["emulated"], ok
+        assert any("fi_a2a" in note for note in ok["notes"]), ok
+    for scenario in ("fi-a2a-lse-base-swapped:v2lite-flashinfer-dcp4-sm100",
+                     "fi-a2a-drops-last-rank:v2lite-flashinfer-dcp4-sm100",
+                     "fi-a2a-lse-base-swapped:v3-flashinfer-dcp4-sm100"):
+        assert rows[scenario]["status"] == "failed" and not rows[scenario]["finding"], rows[scenario]
+        assert rows[scenario]["message"].startswith("out: "), rows[scenario]
+    # a fault in the all-gather merge (ag_rs) is off this path
+    assert rows["merge-ignores-lse:v2lite-flashinfer-dcp4-sm100"]["status"] == "verified"
+
+
 def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
     """Through pytest: triton cells verified or xfail with the finding; GPU backends not-run with their needs."""
     python = venv_python(".venv-sglang")

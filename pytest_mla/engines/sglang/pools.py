@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from ...core.errors import AdapterError
 from .support import STUBS, adapter_error, make_dataclass
 
 __all__ = ["Engine", "RankSetup", "adapter_error", "load_engine"]
@@ -204,7 +205,7 @@ class InProcessGroup:
         self.local_rank = collectives.rank
         self.ranks = list(range(collectives.world))
         self.unique_name = f"pytest-mla:{name}"
-        self.device_group = None
+        self.device_group = InProcessDeviceGroup(collectives, activate)
         self.cpu_group = None
         self.first_rank, self.last_rank = 0, collectives.world - 1
         self.is_first_rank = collectives.rank == 0
@@ -243,6 +244,80 @@ class InProcessGroup:
     def barrier(self) -> None:
         self._c.barrier()
         self._activate()
+
+
+class InProcessDeviceGroup:
+    """The ``device_group`` of in-process ranks: what SGLang hands ``torch.distributed`` as ``group=``.
+
+    ``init_fi_a2a_workspace`` maps FlashInfer's DCP workspace over
+    ``TorchDistributedCommBackend(cp_group.device_group)`` (``rank()``,
+    ``size()``, ``dist.all_gather_object`` / ``broadcast_object_list`` /
+    ``barrier`` on it) and barriers on it; ``torch_distributed_in_process``
+    routes those calls to the harness's collectives, as gloo or NCCL would
+    route them to the ranks.
+    """
+
+    def __init__(self, collectives: Any, activate: Callable[[], None]) -> None:
+        self.collectives = collectives
+        self.activate = activate
+
+    def rank(self) -> int:
+        return self.collectives.rank
+
+    def size(self) -> int:
+        return self.collectives.world
+
+
+_dist_patch: dict[str, Any] = {"count": 0, "saved": {}}
+
+
+def _in_process_dist(original: dict[str, Callable]) -> dict[str, Callable]:
+    def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
+        if not isinstance(group, InProcessDeviceGroup):
+            return original["all_gather_object"](object_list, obj, group=group)
+        object_list[:] = group.collectives.all_gather_object(obj)
+        group.activate()
+
+    def broadcast_object_list(object_list: list, src: Any = None, group: Any = None, **kwargs: Any) -> None:
+        if not isinstance(group, InProcessDeviceGroup):
+            return original["broadcast_object_list"](object_list, src, group=group, **kwargs)
+        if kwargs.get("group_src") is not None:
+            src = kwargs["group_src"]
+        object_list[:] = group.collectives.all_gather_object(list(object_list))[int(src or 0)]
+        group.activate()
+
+    def barrier(group: Any = None, **kwargs: Any) -> None:
+        if not isinstance(group, InProcessDeviceGroup):
+            return original["barrier"](group=group, **kwargs)
+        group.collectives.barrier()
+        group.activate()
+
+    return {"all_gather_object": all_gather_object, "broadcast_object_list": broadcast_object_list,
+            "barrier": barrier}
+
+
+def torch_distributed_enter() -> None:
+    """``torch.distributed``'s object collectives and barrier on an ``InProcessDeviceGroup`` run on its
+    collectives; any other group reaches the real function (refcounted over the ranks)."""
+    import torch.distributed as dist
+
+    with _lock:
+        if _dist_patch["count"] == 0:
+            saved = {name: getattr(dist, name) for name in ("all_gather_object", "broadcast_object_list", "barrier")}
+            _dist_patch["saved"] = saved
+            for name, fn in _in_process_dist(saved).items():
+                setattr(dist, name, fn)
+        _dist_patch["count"] += 1
+
+
+def torch_distributed_leave() -> None:
+    import torch.distributed as dist
+
+    with _lock:
+        _dist_patch["count"] -= 1
+        if _dist_patch["count"] == 0:
+            for name, fn in _dist_patch["saved"].items():
+                setattr(dist, name, fn)
 
 
 def sglang_group(collectives: Any) -> Any:
@@ -313,6 +388,9 @@ class RankSetup:
         self._parallel = engine.rc.get_parallel()
         _enter_ranks(self._parallel)
         self._notes: list[str] = []
+        self._fi_a2a: Any = None  # the module holding SGLang's per-process fi_a2a state, when in use
+        self._fi_a2a_state: Any = None  # this rank's
+        self._dist_patched = False
         try:
             self.group = self._make_group()
             self.activate()
@@ -337,6 +415,8 @@ class RankSetup:
         if isinstance(collectives, TorchCollectives):  # one process per rank: SGLang's own group
             self._notes.append("DCP group: SGLang's init_model_parallel_group over gloo")
             return sglang_group(collectives)
+        torch_distributed_enter()
+        self._dist_patched = True
         return InProcessGroup(collectives, self.activate)
 
     def _pre_initialize_dcp_exchange(self) -> None:
@@ -349,9 +429,21 @@ class RankSetup:
             from sglang.srt.layers.dcp import init_fi_a2a_workspace
         except ImportError:
             return  # a release without it
-        comm = importlib.import_module("sglang.srt.layers.dcp.comm")
-        comm._FI_A2A_STATE = None  # one per check (SGLang keeps one per process)
-        init_fi_a2a_workspace(self.group)
+        # SGLang keeps the workspace in a per-process global (comm._FI_A2A_STATE): one per check, and with
+        # in-process ranks one per rank, stated by ``activate`` as the rank's ForwardContext is
+        self._fi_a2a = importlib.import_module("sglang.srt.layers.dcp.comm")
+        self.activate()
+        from ...kernels.emulated.glue import OutOfContractError
+
+        try:
+            init_fi_a2a_workspace(self.group)
+        except (AdapterError, OutOfContractError):
+            raise
+        except Exception as exc:
+            if not _raised_in_adapter(exc):
+                exc.mla_engine_raised = True  # SGLang's start-up (or a library check it tripped) raised: a finding
+            raise
+        self._fi_a2a_state = self._fi_a2a._FI_A2A_STATE
         self._notes.append("DCP exchange: --dcp-comm-backend fi_a2a (FlashInfer's MNNVL all-to-all), "
                            "its workspace initialised as the model runner does")
 
@@ -368,11 +460,18 @@ class RankSetup:
         computes, its own ``ForwardContext``: SGLang keeps the active one in a module global, and the
         in-process ranks take turns in one process (each would otherwise read the last rank's)."""
         self._parallel._overrides = {**_baseline[0], **self.rank_fields()}
+        if self._fi_a2a is not None:
+            self._fi_a2a._FI_A2A_STATE = self._fi_a2a_state
         forward = getattr(self, "_forward", None)
         if forward is not None:
             self.engine.forward_context.set_forward_context(forward)
 
     def close(self) -> None:
+        if self._fi_a2a is not None:
+            self._fi_a2a._FI_A2A_STATE = None
+        if self._dist_patched:
+            self._dist_patched = False
+            torch_distributed_leave()
         _leave_ranks(self._parallel)
 
     # -- pools -----------------------------------------------------------------------------------
@@ -731,6 +830,20 @@ class RankSetup:
                          + ("(a checkpoint without KV scales)" if k_scale is None or k_scale == 1.0 else
                             "(a checkpoint with calibrated KV scales)"))
         return notes
+
+
+def _raised_in_adapter(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised in this adapter's own code (its stand-ins, the ranks' collectives),
+    not SGLang's or a library's."""
+    import traceback
+
+    from ...kernels.collectives import CollectiveError
+
+    if isinstance(exc, CollectiveError):  # another rank failed or the ranks did not meet: not this call
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    adapter = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pytest_mla/engines
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(adapter + os.sep)
 
 
 def _write_loc(loc: torch.Tensor) -> Any:
