@@ -170,7 +170,7 @@ def test_narrow_matrix_passes_against_the_real_engine(tmp_path):
     python = venv_python(".venv-sglang")
     result = run_matrix(python, MATRIX, tmp_path, *NARROW)
     assert result.returncode == 0, result.stdout + result.stderr
-    report = read_results(next(tmp_path.glob("sglang-*.json")))
+    report = read_results(next(tmp_path.glob("sglang-*[0-9].json")))
     cells = {c["id"]: c for c in report["cells"]}
     assert len(cells) == 6  # dcp 1,4 x spec none, eagle-1x3, eagle-4x3
     assert all(c["verdict"] == "pass" for c in cells.values())
@@ -206,7 +206,7 @@ def test_unknown_backend_and_cross_attention_reach_sglangs_own_checks(tmp_path):
                         "--mla-select=backend=triton,no_such_backend", "--mla-select=dcp=1",
                         "--mla-select=spec=none", "--mla-select=arch=sm90", "--mla-select=kv_dtype=auto")
     assert result.returncode == 0, result.stdout + result.stderr
-    report = read_results(next(tmp_path.glob("sglang-*.json")))
+    report = read_results(next(tmp_path.glob("sglang-*[0-9].json")))
     outcomes = {c["id"]: c["outcome"] for c in report["cells"]}
     assert len(outcomes) == 4
     for model in ("llama-3.2-11b-vision", "deepseek-v3"):
@@ -243,7 +243,7 @@ def test_flashinfer_mla_draft_trees_are_refused_by_the_draft_backend(tmp_path, v
     result = run_matrix(python, MATRIX, tmp_path, "--mla-select=model=deepseek-v3", "--mla-select=backend=flashinfer",
                         "--mla-select=dcp=1", "--mla-select=arch=sm90", "--mla-select=kv_dtype=auto")
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("sglang-*.json")))["cells"]}
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("sglang-*[0-9].json")))["cells"]}
     assert len(cells) == 3 and all(c["verdict"] == "pass" for c in cells.values())
     tree = cells["deepseek-v3/flashinfer/dcp1/eagle-4x3/sm90/kv-auto"]["outcome"]
     assert (tree["kind"], tree["error"], tree["message"]) == ("rejected", "ValueError", FLASHINFER_MLA_TREES)

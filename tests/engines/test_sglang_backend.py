@@ -127,7 +127,7 @@ def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
                         "--mla-select=backend=triton,fa3,flashmla", "--mla-select=arch=sm90",
                         "--mla-select=kv_dtype=auto,fp8_e5m2", "--mla-select=spec=none,eagle-4x3")
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("sglang-*.json")))["cells"]}
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("sglang-*[0-9].json")))["cells"]}
     for kv in ("auto", "fp8_e5m2"):
         for spec in ("none", "eagle-4x3"):
             ok = cells[f"deepseek-v2-lite/triton/dcp1/{spec}/sm90/kv-{kv}"]
@@ -155,7 +155,7 @@ def test_baseline_slice_every_accepted_cell_is_verified_emulated_or_a_declared_f
     python = venv_python(".venv-sglang")
     result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", *BASELINE, "-n", "2", timeout=1500)
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = read_results(next(tmp_path.glob("sglang-*.json")))["cells"]
+    cells = read_results(next(tmp_path.glob("sglang-*[0-9].json")))["cells"]
     accepted = [c for c in cells if c["outcome"]["kind"] == "accepted"]
     assert {c["coords"]["backend"] for c in accepted} == {"flashinfer", "fa3", "flashmla"}
     verified = 0

@@ -30,7 +30,7 @@ VENVS = [pytest.param(".venv-vllm", "0.34.0", id="vllm-0.34.0"),
 
 
 def _report(report_dir):
-    return read_results(next(report_dir.glob("vllm-*.json")))
+    return read_results(next(report_dir.glob("vllm-*[0-9].json")))
 
 
 def _cells(report_dir):

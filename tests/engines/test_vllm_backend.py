@@ -129,7 +129,7 @@ def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
                         "--mla-select=backend=TRITON_MLA,FLASHMLA", "--mla-select=arch=sm90",
                         "--mla-select=page_size=64", "--mla-select=kv_dtype=auto")
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("vllm-*.json")))["cells"]}
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("vllm-*[0-9].json")))["cells"]}
     triton = [c for c in cells.values() if c["coords"]["backend"] == "TRITON_MLA" and c["outcome"]["kind"] == "accepted"]
     prefill = [c for c in triton if c["coords"]["dcp"] > 1 and c["coords"]["spec"] != "none"]
     assert prefill and all(c["kernel"]["status"] == "verified" and c["kernel"]["level"] == "emulated"
@@ -151,7 +151,7 @@ def test_baseline_slice_every_accepted_cell_is_verified_emulated_or_a_declared_f
     python = venv_python(".venv-vllm")
     result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", *BASELINE, "-n", "2", timeout=1500)
     assert result.returncode == 0, result.stdout + result.stderr
-    cells = read_results(next(tmp_path.glob("vllm-*.json")))["cells"]
+    cells = read_results(next(tmp_path.glob("vllm-*[0-9].json")))["cells"]
     accepted = [c for c in cells if c["outcome"]["kind"] == "accepted"]
     backends = {c["coords"]["backend"] for c in accepted}
     assert backends == {"FLASHMLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "CUTLASS_MLA"}, backends
