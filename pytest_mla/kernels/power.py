@@ -136,23 +136,22 @@ def _merge(outs: torch.Tensor, lses: torch.Tensor, weights: str) -> torch.Tensor
 
 
 def _effect(perturbed: torch.Tensor, ref: torch.Tensor, tol: Tolerance, margin: float,
-            magnitude: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
-            exchange: bool = False) -> dict[str, Any]:
+            bound: torch.Tensor | None = None, ref_sq: float | None = None) -> dict[str, Any]:
     """Whether ``compare.check_close`` would fail ``perturbed`` with every bound ``margin`` times looser.
 
-    The same rule as ``check_close`` (an element fails beyond abs **and** rel; the
-    tensor fails on its cosine difference), computed lean: both tensors are
-    finite float64 here (planted faults move values, they do not make NaN), and
-    this runs a dozen times per case. ``tests/kernels/test_inputs_power.py``
-    holds the two together.
+    The same rule as ``check_close`` (an element fails beyond abs **and** its
+    relative bound ``bound``, default ``rel·|ref|``; the tensor fails on its cosine
+    difference), computed lean: both tensors are finite float64 here (planted
+    faults move values, they do not make NaN), and this runs a dozen times per
+    case, so the bound (scaled by the margin) and ``Σ ref²`` come precomputed.
+    ``tests/kernels/test_inputs_power.py`` holds the two together.
     """
-    err = (perturbed - ref).abs()
-    if magnitude is None:
-        bound = tol.rel * ref.abs()
-    else:
-        bound = merged_bound(tol, torch.maximum(ref.abs(), magnitude), dtype, exchange)
-    beyond = (err > tol.abs * margin) & (err > margin * bound)
-    denom = float((perturbed * perturbed).sum() + (ref * ref).sum())
+    err = (perturbed - ref).abs_()
+    if bound is None:
+        bound = margin * tol.rel * ref.abs()
+    beyond = (err > tol.abs * margin) & (err > bound)
+    ref_sq = float((ref * ref).sum()) if ref_sq is None else ref_sq
+    denom = float((perturbed * perturbed).sum()) + ref_sq
     cos = 1.0 - 2.0 * float((perturbed * ref).sum()) / denom if denom > 0 else 0.0
     detected = bool(beyond.any()) or (tol.cos is not None and cos > tol.cos * margin)
     return {"detected": detected, "max_abs": round(float(err.max()) if err.numel() else 0.0, 6),
@@ -201,10 +200,11 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
     world, interleave = dcp
     parts = _rank_parts(reqs, x, world, interleave) if world > 1 else None
     magnitude = output_magnitude(x, reqs)
-    exchange = world > 1
+    bound = margin * merged_bound(tol, torch.maximum(ref_out.abs(), magnitude), x.q.dtype, world > 1)
+    ref_sq = float((ref_out * ref_out).sum())
 
     scaled, _ = _batch(reqs, x, lambda i, r: _attend(r, r.visible, SCALE_ERROR))
-    faults["scale_x1.05"] = _effect(scaled, ref_out, tol, margin, magnitude, x.q.dtype, exchange)
+    faults["scale_x1.05"] = _effect(scaled, ref_out, tol, margin, bound, ref_sq)
 
     page_size = x.kv_cache.shape[1]
     per_kind: dict[str, list[dict[str, Any]]] = {}
@@ -213,7 +213,7 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
             scores, v = r.scores.clone(), r.v.clone()
             scores[..., p], v[p] = r.scores[..., src], r.v[src]
             misread, _ = _batch(reqs, x, lambda j, rr: _attend(rr, rr.visible, scores=scores, v=v), base, only=i)
-            per_kind.setdefault(kind, []).append(_effect(misread, ref_out, tol, margin, magnitude, x.q.dtype, exchange))
+            per_kind.setdefault(kind, []).append(_effect(misread, ref_out, tol, margin, bound, ref_sq))
     if per_kind:
         missed = sorted(kind for kind, effects in per_kind.items() if not all(e["detected"] for e in effects))
         weakest = min((e for effects in per_kind.values() for e in effects), key=lambda e: e["cos_diff"])
@@ -224,12 +224,12 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
     s_q = x.q.shape[1]
     if s_q > 1 and (x.causal or x.tree_mask is not None):
         unmasked, _ = _batch(reqs, x, lambda i, r: _attend(r, torch.ones_like(r.visible)))
-        faults["mask_dropped"] = _effect(unmasked, ref_out, tol, margin, magnitude, x.q.dtype, exchange)
+        faults["mask_dropped"] = _effect(unmasked, ref_out, tol, margin, bound, ref_sq)
 
     if parts is not None:
         outs, lses = parts
-        faults["merge_equal_weights"] = _effect(_merge(outs, lses, "equal"), ref_out, tol, margin, magnitude, x.q.dtype, exchange)
-        faults["lse_base_swapped"] = _effect(_merge(outs, lses, "base2_as_e"), ref_out, tol, margin, magnitude, x.q.dtype, exchange)
+        faults["merge_equal_weights"] = _effect(_merge(outs, lses, "equal"), ref_out, tol, margin, bound, ref_sq)
+        faults["lse_base_swapped"] = _effect(_merge(outs, lses, "base2_as_e"), ref_out, tol, margin, bound, ref_sq)
 
     return {"margin": margin, "faults": faults,
             "undetected": [name for name in PLANTED_FAULTS if name in faults and not faults[name]["detected"]]}
