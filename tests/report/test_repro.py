@@ -132,7 +132,7 @@ def test_a_cell_that_is_not_a_finding_says_so_in_one_line(capsys):
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "not a finding: the engine refused it, as the matrix says (ValueError: TRTLLM MLA backend is only " \
            "supported on Blackwell GPUs" in err
-    code, _, err = repro(capsys, COMMITTED, "deepseek-v3/flashinfer/dcp1/none/sm90/kv-auto")
+    code, _, err = repro(capsys, COMMITTED, "deepseek-v3/trtllm_mla/dcp4/none/sm100/kv-auto")  # kernel not run
     assert code == 1 and "not a finding: it passed validation but its kernel did not run here" in err
 
 
