@@ -124,7 +124,12 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
     from .reference import ref_mla_decode
     from ..core.targets import import_target
 
-    device = torch.device("cuda") if where != "interpreter" and torch.cuda.is_available() else torch.device("cpu")
+    from ._mode import is_interpreter
+
+    gpu = torch.cuda.is_available() and not is_interpreter()  # where Triton runs decides, not the caller's label
+    device = torch.device("cuda") if gpu else torch.device("cpu")
+    if not gpu:
+        where = "interpreter" if is_interpreter() else where
     inputs = inputs.to(device)
     options = spec.option_map
     start = time.perf_counter()

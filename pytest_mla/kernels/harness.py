@@ -267,7 +267,12 @@ def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Call
     from .power import output_magnitude
     from .reference import ref_mla_decode
 
-    if where != "interpreter" and torch.cuda.is_available():
+    from ._mode import ensure_triton_mode
+
+    # Where Triton actually runs decides the device (and what the record says): a caller's label
+    # of "interpreter" on a GPU host would hand a compiled kernel CPU tensors.
+    where = ensure_triton_mode()
+    if where not in ("interpreter", "cpu") and torch.cuda.is_available():
         inputs = inputs.to("cuda")
     findings: list[str] = []  # rules of the rank partials the kernel broke (a merge would hide them)
 

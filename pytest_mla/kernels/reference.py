@@ -93,6 +93,24 @@ def _ref_paged(
     q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale, v_cache, tree_mask,
     positions_of, global_seqlens,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # The reference computes on the CPU in float64 whatever device the inputs are on (a GPU test passes
+    # CUDA tensors) and answers on the inputs' device.
+    device = q.device
+
+    def host(t):
+        return t.cpu() if isinstance(t, torch.Tensor) else t
+
+    q, kv_cache, block_table, cache_seqlens, v_cache, tree_mask, global_seqlens = map(
+        host, (q, kv_cache, block_table, cache_seqlens, v_cache, tree_mask, global_seqlens))
+    out, lse = _ref_paged_host(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale,
+                               v_cache, tree_mask, positions_of, global_seqlens)
+    return out.to(device), lse.to(device)
+
+
+def _ref_paged_host(
+    q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale, v_cache, tree_mask,
+    positions_of, global_seqlens,
+) -> tuple[torch.Tensor, torch.Tensor]:
     b, s_q, h_q, d_qk = q.shape
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d_qk)
     out = torch.zeros(b, s_q, h_q, head_dim_v, dtype=torch.float64)  # [b, s_q, h_q, d_v]

@@ -43,7 +43,7 @@ def decode_rank(q, rows, d_v, positions, seqlen, scale, tree_mask, raise_in):
     v = k[..., :d_v]  # MLA: V is the first d_v columns of the latent row
     scores = torch.einsum("ihd,jd->hij", q.float(), k[:, 0]) * scale  # [h, s_q, n]
     first = seqlen - s_q
-    q_pos = first + torch.arange(s_q)
+    q_pos = first + torch.arange(s_q, device=positions.device)
     if tree_mask is not None:
         draft = positions - first
         visible = (draft < 0)[None, :] | tree_mask[:, draft.clamp(0, s_q - 1)]
@@ -70,15 +70,16 @@ def merge(out, lse, collectives, how):
 def run(inputs, ctx, options):
     b, s_q, h, _ = inputs.q.shape
     world, rank = ctx.world, ctx.rank
-    out = torch.zeros(b, s_q, h, inputs.head_dim_v)
-    lse = torch.full((b, h, s_q), -math.inf)
+    device = inputs.q.device  # the harness moves the inputs to the GPU where there is one
+    out = torch.zeros(b, s_q, h, inputs.head_dim_v, device=device)
+    lse = torch.full((b, h, s_q), -math.inf, device=device)
     for i in range(b):
         n = int(inputs.cache_seqlens[i])
-        mine = torch.arange(n)[torch.arange(n) % world == rank]
+        mine = torch.arange(n, device=device)[torch.arange(n, device=device) % world == rank]
         rows = _dense(inputs.kv_cache, inputs.block_table[i], n)[mine]
         if inputs.kv_scale is not None:
             rows = rows.float() * inputs.kv_scale
-        positions = mine if options.get("positions") != "local" else torch.arange(len(mine))
+        positions = mine if options.get("positions") != "local" else torch.arange(len(mine), device=device)
         seqlen = n if options.get("positions") != "local" else len(mine)
         mask = inputs.tree_mask[i] if inputs.tree_mask is not None else None
         out[i], lse[i] = decode_rank(inputs.q[i], rows, inputs.head_dim_v, positions, seqlen, inputs.softmax_scale, mask,

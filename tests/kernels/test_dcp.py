@@ -34,6 +34,18 @@ def _load_kernel():
 
 
 KERNEL_NAME, KERNEL, MERGE = _load_kernel()
+
+
+def _device() -> str:
+    """Where the kernel runs: a GPU when Triton compiles for one, else the CPU (interpreter or reference)."""
+    if KERNEL_NAME != "triton":
+        return "cpu"
+    from pytest_mla.kernels import triton_mla
+
+    return "cpu" if triton_mla.TRITON_MODE in ("interpreter", "cpu") else "cuda"
+
+
+DEVICE = _device()
 KERNEL_STRING = (
     "pytest_mla.kernels.triton_mla:mla_decode" if KERNEL_NAME == "triton" else "pytest_mla.kernels.reference:ref_kernel"
 )
@@ -51,7 +63,7 @@ def gen_case(world, interleave, spec, *, mla=True, seed=0, **dims):
     topk, steps, s_q = SPECS[spec]
     dims = {"h_q": 4, "d_qk": 80, "d_v": 64, "page_size": 4, **dims}  # d 64 + 16
     return gen_decode_inputs(dcp_lengths(world, interleave, s_q), s_q=s_q, h_kv=1 if mla else 2, mla=mla,
-                             spec_topk=topk, spec_steps=steps, seed=seed, **dims)
+                             spec_topk=topk, spec_steps=steps, seed=seed, **dims).to(DEVICE)
 
 
 def check_against_ref(x, out, lse, tol=TOL):
@@ -102,7 +114,7 @@ def test_shards_partition_the_cache(world, interleave):
     x = gen_case(world, interleave, "none", seed=2)
     shards = gen_dcp_shards(x, world, interleave, seed=3)
     for r, n in enumerate(x.cache_seqlens.tolist()):
-        dense = torch.full((n, x.kv_cache.shape[-1]), float("nan"))
+        dense = torch.full((n, x.kv_cache.shape[-1]), float("nan"), device=x.kv_cache.device)
         for s in shards:
             local_n = int(s.inputs.cache_seqlens[r])
             pos = ref_global_positions(local_n, s.rank, world, interleave)
@@ -131,7 +143,7 @@ def test_local_positions_under_dcp_and_spec_fail(world, interleave, spec):
     topk, steps, s_q = SPECS[spec]
     block = world * interleave
     x = gen_decode_inputs([block * s_q + 3, 2 * block * s_q + 1], s_q=s_q, h_q=4, d_qk=80, d_v=64, page_size=4,
-                          spec_topk=topk, spec_steps=steps, seed=13)
+                          spec_topk=topk, spec_steps=steps, seed=13).to(DEVICE)
     out, lse = run_dcp(KERNEL, x, world, interleave, merge=MERGE, pass_positions=False)
     res_out, res_lse = check_against_ref(x, out, lse)
     assert not res_out.ok and not res_lse.ok

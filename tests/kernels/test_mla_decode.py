@@ -250,8 +250,9 @@ def test_dcp_positions_by_hand():
     block_table = torch.tensor([[2, 1, 0, 1 << 30]], dtype=torch.int32)
     tree = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)  # draft 2 does not see draft 1
     for tree_mask in (None, tree):
+        mask = None if tree_mask is None else tree_mask.to(DEVICE)
         out, lse = mla_decode(q.to(DEVICE), kv_cache.to(DEVICE), block_table.to(DEVICE),
-                              torch.tensor([5], dtype=torch.int32, device=DEVICE), d_v, tree_mask=tree_mask,
+                              torch.tensor([5], dtype=torch.int32, device=DEVICE), d_v, tree_mask=mask,
                               dcp_rank=1, dcp_world_size=2, dcp_interleave=2,
                               global_seqlens=torch.tensor([total], dtype=torch.int32, device=DEVICE))
         ref_out, ref_lse = ref_attend(q[0].double(), k.double(), k[..., :d_v].double(), key_pos, total,
