@@ -99,7 +99,8 @@ def render_bug_report(ctx: Context, template: Template | None, *, script_name: s
     if level == "emulated":
         out.append(f"- **the kernel itself did not run**: the check ran {engine}'s backend code with its kernel "
                    "library's calls replaced by float64 emulations of their contract ("
-                   + ", ".join(f"`{e}`" for e in facts.emulated) + "); the finding is in the engine's code around "
+                   + (", ".join(f"`{e}`" for e in facts.emulated)
+                      or "none was called before the engine raised") + "); the finding is in the engine's code around "
                    "the kernel, or in the emulation's reading of the contract: confirm on the GPU")
     elif level:
         out.append(f"- **what ran**: {engine}'s own code at level `{level}` (its backend object and kernels)"
