@@ -135,7 +135,8 @@ def finish_on_second_interrupt(config: pytest.Config, collector: Any) -> None:
 
     if threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    current = signal.getsignal(signal.SIGINT)
+    if current is not signal.default_int_handler and not getattr(current, "mla_exiting", False):
         return
     presses = []
 
@@ -149,9 +150,22 @@ def finish_on_second_interrupt(config: pytest.Config, collector: Any) -> None:
         os.write(2, (f"\nmla: interrupted; writing the finished cells first (Ctrl-C {left} more "
                      f"time{'s' if left > 1 else ''} to abort without them)\n").encode())
 
+    def exiting(signum: int, frame: Any) -> None:
+        presses.append(signum)
+        if len(presses) > PATIENCE + 1:
+            signal.default_int_handler(signum, frame)
+
+    exiting.mla_exiting = True  # type: ignore[attr-defined]  # a later session in this process replaces it
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGINT) is not interrupt:
+            return
+        # An interrupted run has written its report and is on its way out: a press now lands in the
+        # interpreter's shutdown (threading._shutdown) and would end the terminal in a traceback.
+        signal.signal(signal.SIGINT, exiting if presses else signal.default_int_handler)
+
     signal.signal(signal.SIGINT, interrupt)
-    config.add_cleanup(lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
-                       if signal.getsignal(signal.SIGINT) is interrupt else None)
+    config.add_cleanup(restore)
 
 
 def pin_worker_gpu(config: pytest.Config) -> None:

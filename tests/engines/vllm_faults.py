@@ -161,6 +161,9 @@ def library_present() -> Iterator[None]:
 
     namespace = torch.ops._flashmla_C
     saved_missing = kernel_source.real_kernels_missing
+    saved_capability = torch.cuda.get_device_capability
+    # a GPU host is an sm90 one: vLLM's FlashMLA support check asks torch for the device it runs on
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
     kernel_source.real_kernels_missing = lambda backend, path, where, capability: (
         None if backend == "FLASHMLA" and path == "decode" else "not this backend")
     namespace.dense_decode_fwd = flashmla.dense_decode_fwd
@@ -168,6 +171,7 @@ def library_present() -> Iterator[None]:
         yield
     finally:
         kernel_source.real_kernels_missing = saved_missing
+        torch.cuda.get_device_capability = saved_capability
         del namespace.dense_decode_fwd
 
 
@@ -232,7 +236,11 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     want = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": (arch or ["sm90"])[0],
             "kv_dtype": kv, "page_size": page}
     cell = next(c for c in matrix.cells() if all(c.coords.get(k) == v for k, v in want.items()))
-    configured = VLLMEngine().configure(cell, matrix.models[model])
+    from pytest_mla.engines.vllm import checks as vllm_checks
+
+    # one engine per process, as the plugin has: its faked platform is the one vLLM's current_platform is
+    vllm_checks.adopt_factory(VLLMEngine)
+    configured = vllm_checks.prepare_process().configure(cell, matrix.models[model])
     kernel = configured.kernel
     assert kernel is not None, configured.kernel_reason
     if wrapped:
