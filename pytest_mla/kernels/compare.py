@@ -188,6 +188,7 @@ def check_close(name: str, ans: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
     result.message = f"{name}: " + "; ".join(problems) if problems else None
     return result
 
+
 def tolerance_record(tol: Any, magnitude: bool, exchange: bool = False) -> dict[str, Any]:
     """The tolerance as the record states it, with what its relative bound applies to."""
     d = tol.as_dict()
