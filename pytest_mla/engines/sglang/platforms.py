@@ -37,14 +37,13 @@ import ast
 import contextlib
 import functools
 import importlib
-import importlib.util
 import os
 import sys
 import types
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from ...core.cells import arch_number, platform_of
+from ..common.sources import source_of
 
 #: ``--device`` of each platform.
 DEVICES = {"cuda": "cuda", "rocm": "cuda", "cpu": "cpu", "xpu": "xpu", "npu": "npu"}
@@ -289,14 +288,14 @@ def known_archs() -> tuple[str, ...]:
     ``sglang.srt.platforms`` has that platform's module.
     """
     known = ["smNN"]
-    common = _source_of("sglang.srt.utils.common")
-    if common is not None and _source_of("sglang.srt.platforms.rocm") is not None:
+    common = source_of("sglang.srt.utils.common")
+    if common is not None and source_of("sglang.srt.platforms.rocm") is not None:
         prefixes = {p for values in _gfx_probe_prefixes_of(common).values() for p in values}
         known += [t for t in ROCM_TARGETS if any(t.startswith(p) for p in prefixes)]
-    if _source_of("sglang.srt.platforms.cpu") is not None:
+    if source_of("sglang.srt.platforms.cpu") is not None:
         known += ["cpu", "cpu_amx"]
     for platform in ("xpu", "npu"):
-        if _source_of(f"sglang.srt.platforms.{platform}") is not None:
+        if source_of(f"sglang.srt.platforms.{platform}") is not None:
             known.append(platform)
     return tuple(known)
 
@@ -321,18 +320,8 @@ def _bindings(obj: Any) -> list[tuple[types.ModuleType, str]]:
     return found
 
 
-def _source_of(module_name: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-        return None
-    return Path(spec.origin).read_text()
-
-
 def _gfx_probe_prefixes(common: types.ModuleType) -> dict[str, tuple[str, ...]]:
-    source = _source_of(common.__name__)
+    source = source_of(common.__name__)
     return _gfx_probe_prefixes_of(source) if source is not None else {}
 
 

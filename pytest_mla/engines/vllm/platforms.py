@@ -46,9 +46,7 @@ import ast
 import contextlib
 import functools
 import importlib
-import importlib.util
 import inspect
-import os
 import pkgutil
 import re
 import sys
@@ -57,6 +55,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ...core.cells import arch_number, platform_of
+from ..common.sources import source_of
 
 #: Platform → (module, class names tried in order) of the vLLM class a device of it gets.
 PLATFORM_CLASSES = {
@@ -329,24 +328,14 @@ def known_archs() -> tuple[str, ...]:
     ``xpu`` (``vllm.platforms.xpu``).
     """
     known = ["smNN"]
-    rocm = _source_of("vllm.platforms.rocm")
+    rocm = source_of("vllm.platforms.rocm")
     if rocm is not None:
         known += sorted(_gfx_targets(rocm), key=lambda g: (len(g), g))
-    if _source_of("vllm.platforms.cpu") is not None:
+    if source_of("vllm.platforms.cpu") is not None:
         known += ["cpu", "cpu_amx"]
-    if _source_of("vllm.platforms.xpu") is not None:
+    if source_of("vllm.platforms.xpu") is not None:
         known.append("xpu")
     return tuple(known)
-
-
-def _source_of(module_name: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-        return None
-    return Path(spec.origin).read_text()
 
 
 @contextlib.contextmanager
