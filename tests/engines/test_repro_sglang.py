@@ -203,3 +203,65 @@ def test_the_reports_serve_flags_are_flags_sglang_parses_into_the_cells_configur
 
 def record_model(result: Path, cell: str) -> str:
     return next(c for c in read_results(result)["cells"] if c["id"] == cell)["coords"]["model"]
+
+
+# ---- findings at level "emulated": CUDA backends' own code around the inlined float64 emulations --------
+
+COMMITTED = ROOT / "reports" / "sglang-0.5.23.json"
+#: One finding of each kind the committed report found at level emulated (and torch_native's, which runs
+#: as it is): SGLang's own exception, an emulation's contract check SGLang's call breaks, a numeric mismatch.
+EMULATED_FINDINGS = {
+    "deepseek-v3/flashinfer/dcp4/eagle-1x3/sm80/kv-auto":
+        ("ValueError", "sglang.srt.layers.attention.flashinfer_mla_backend:FlashInferMLAAttnBackend.forward_extend"),
+    "deepseek-v3/fa3/dcp4/none/sm90/kv-auto":
+        ("OutOfRangeRead", "sglang.kernels.ops.attention.flash_attention_v3:_call_fa3_kernel"),
+    "deepseek-v3/flashmla/dcp1/none/sm80/kv-fp8_e5m2":
+        ("RuntimeError", "sglang.kernels.ops.attention.flash_mla_interface:flash_mla_with_kvcache"),
+    "deepseek-v3/flashmla/dcp4/none/sm80/kv-auto":
+        ("AssertionError", "sglang.srt.mem_cache.memory_pool:MLATokenToKVPool.set_kv_buffer"),
+    "deepseek-v3/trtllm_mla/dcp1/none/sm100/kv-fp8_e4m3":
+        ("mismatch", "sglang.srt.layers.attention.trtllm_mla_backend:TRTLLMMLABackend.forward_decode"),
+    "llama-3.1-8b/flashinfer/dcp4/none/sm80/kv-auto": ("IndexError", "sglang.srt.mem_cache.memory_pool:_set_kv_buffer_impl"),
+    "llama-3.1-8b/flashmla/dcp1/none/sm80/kv-auto":
+        ("AttributeError",
+         "sglang.srt.layers.attention.flashinfer_mla_backend:FlashInferMLAIndicesUpdaterPrefill.__init__"),
+    "llama-3.1-8b/torch_native/dcp4/none/sm80/kv-auto": ("IndexError", "sglang.srt.mem_cache.memory_pool:_set_kv_buffer_impl"),
+}
+
+
+@pytest.mark.parametrize("cell", list(EMULATED_FINDINGS))
+def test_each_emulated_finding_reproduces_standalone(cell, sglang_python, poison, tmp_path):
+    record = next(c for c in read_results(COMMITTED)["cells"] if c["id"] == cell)
+    error, function = EMULATED_FINDINGS[cell]
+    kernel = record["kernel"]
+    assert kernel.get("raised", "mismatch") == error and kernel["function"] == function  # what the matrix saw
+    script = generate(COMMITTED, cell, tmp_path / "repro.py")
+    code, output, outcome = run_script(sglang_python, script, poison)
+    assert code == 1, output[-3000:]
+    assert outcome["status"] == "reproduced" and outcome["error"] == error and outcome["same"] is True, outcome
+    if error == "mismatch":
+        # an fp8 cache with k_scale != 1: the script writes the cached rows both ways SGLang's write paths do
+        assert output.count("OUT OF tolerance") == 2 and "within tolerance" not in output, output[-3000:]
+    else:
+        assert outcome["frames"][-1].startswith(function + " (line ")
+        assert re.search(rf"\n([\w.]+\.)?{error}: ", output), output[-3000:]  # the traceback's last line
+
+
+def test_on_the_fault_free_path_an_emulated_script_matches_the_reference(sglang_python, poison, tmp_path):
+    """flashmla on one DCP rank is verified at level emulated: the script computes it through the inlined
+    emulations and exits 0 (what it does once the DCP write is fixed); SGLang's layer built with a 5% larger
+    softmax scale makes the same script exit 1 with the mismatch."""
+    script = with_dcp(generate(COMMITTED, "deepseek-v3/flashmla/dcp4/none/sm80/kv-auto", tmp_path / "repro.py"), 1)
+    code, output, outcome = run_script(sglang_python, script, poison)
+    assert code == 0, output[-3000:]
+    assert outcome["status"] == "fixed" and re.search(r" 0 of \d+ elements out of tolerance", outcome["message"])
+    assert "emulated: flash_mla:get_mla_decoding_metadata" in outcome["message"]  # the emulations ran
+    patch = tmp_path / "scale_fault.py"
+    patch.write_text(
+        "from sglang.srt.layers.radix_attention import RadixAttention\n"
+        "_init = RadixAttention.__init__\n"
+        "def __init__(self, num_heads, head_dim, scaling, *args, **kwargs):\n"
+        "    _init(self, num_heads, head_dim, scaling * 1.05, *args, **kwargs)\n"
+        "RadixAttention.__init__ = __init__\n")
+    code, output, outcome = run_script(sglang_python, script, poison, MLA_REPRO_PATCH=os.fspath(patch))
+    assert code == 1 and outcome["error"] == "mismatch", output[-3000:]

@@ -47,7 +47,7 @@ def test_the_script_imports_neither_pytest_nor_pytest_mla_and_names_the_cell(tmp
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not imported & {"pytest", "_pytest", "pytest_mla"}, imported
     assert imported <= {"contextlib", "dataclasses", "importlib", "inspect", "json", "logging", "math", "os", "sys",
-                        "tempfile", "threading", "time", "traceback", "types", "warnings", "torch", "numpy",
+                        "tempfile", "threading", "time", "traceback", "types", "warnings", "linecache", "torch", "numpy",
                         "triton", "sglang", "runpy"}, imported
     assert out.stat().st_mode & 0o100  # executable
     docstring = ast.get_docstring(tree)
@@ -77,11 +77,34 @@ def test_the_numbers_the_script_mirrors_are_the_checks_own():
     from pytest_mla.report.repro import sglang
 
     assert sglang.NUM_KV_SPLITS == checks.NUM_KV_SPLITS
-    assert set(sglang.DECODE_BACKENDS.values()) <= set(checks.INTERPRETED)
+    assert set(sglang.DECODE_BACKENDS.values()) <= set(checks.INTERPRETED) | set(checks.NATIVE)
+    assert set(sglang.EMULATED_BACKENDS.values()) <= set(checks.EMULATED)
     for kv, tol in sglang.TOLERANCES.items():
-        want = tolerance_for("bf16", kv, fp8_dots=True).out
+        want = tolerance_for("bf16", kv, fp8_dots=True).out  # Triton's kernels round q and P to an fp8 cache
         assert tol == {"abs": want.abs, "rel": want.rel, "cos": want.cos}, kv
+        other = tolerance_for("bf16", kv, fp8_dots=False).out  # the other backends: the bf16 table
+        assert sglang.TOLERANCES["auto"] == {"abs": other.abs, "rel": other.rel, "cos": other.cos}, kv
     assert BUILTIN_MODELS["deepseek-v3"].softmax_scale == pytest.approx(0.1352337788608801)
+
+
+def test_what_an_emulated_script_states_is_the_adapters_emulation_scope():
+    """The GPU an emulated cell's script states to SGLang and the libraries it replaces are written into the
+    script: they must be what engines/sglang/emulation states and replaces."""
+    from pytest_mla.engines.sglang import checks, platforms, support
+    from pytest_mla.report.repro import sglang
+
+    assert sglang.EMULATED_LIBRARIES == support.EMULATED_LIBRARIES
+    assert sglang.CUDA_TOOLKIT == support.CUDA_TOOLKIT
+    for arch in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121"):
+        want = {k: (list(v) if isinstance(v, tuple) else v) for k, v in platforms.platform_facts(arch).items()}
+        assert sglang.cuda_platform_facts(arch) == want, arch
+    with pytest.raises(ValueError, match="not a CUDA arch: 'gfx942'"):
+        sglang.cuda_platform_facts("gfx942")
+    for cls, name in sglang.EMULATED_BACKENDS.items():
+        assert name in checks.EMULATED
+        module = sglang.BACKEND_MODULES[cls]
+        assert module == support.backend_module(name) or (cls, module) == (
+            "FlashInferAttnBackend", "sglang.srt.layers.attention.flashinfer_backend"), cls  # GQA's own module
 
 
 def test_the_bug_report_names_flags_phase_frames_releases_and_links(tmp_path, capsys):
@@ -159,7 +182,7 @@ def test_bad_files_and_options_are_one_line(tmp_path, capsys):
 
 
 def test_a_finding_no_template_takes_gets_a_report_that_says_the_kernel_did_not_run(tmp_path, capsys, document):
-    """An emulated-level finding (a CUDA backend's code around float64 emulations of its library)."""
+    """An emulated-level finding of a backend no template runs (trtllm_mha: its emulation is not inlined)."""
     doc = json.loads(json.dumps(document))
     cell = find(doc, "deepseek-v3/flashmla/dcp4/none/sm90/kv-auto")
     cell["verdict"], cell["reason"] = "fail", "engine accepted this configuration, but its backend raised ..."
@@ -171,7 +194,7 @@ def test_a_finding_no_template_takes_gets_a_report_that_says_the_kernel_did_not_
                       "message": "engine accepted this configuration, but its backend raised RuntimeError: "
                                  "page table is not rank-local in sglang.srt.layers.attention.flashmla_backend:"
                                  "FlashMLABackend.forward_decode"}
-    cell["outcome"]["backends"] = {"decode": "FlashMLABackend"}
+    cell["outcome"]["backends"] = {"decode": "TRTLLMHAAttnBackend"}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
     report = tmp_path / "bug.md"
@@ -182,8 +205,9 @@ def test_a_finding_no_template_takes_gets_a_report_that_says_the_kernel_did_not_
     assert "- **the kernel itself did not run**: the check ran SGLang's backend code with its kernel library's " \
            "calls replaced by float64 emulations of their contract (`sgl_kernel.flash_mla:flash_mla_with_kvcache`)" \
            in md
-    assert "No standalone reproducer yet: sglang backend: the check ran at level 'emulated', not 'backend': its " \
-           "kernels ran as float64 emulations, which no template inlines yet." in md
+    assert "No standalone reproducer yet: sglang backend: the decode backend TRTLLMHAAttnBackend at level " \
+           "'emulated' has no reproducer (this template runs TritonAttnBackend, TorchNativeAttnBackend as they are " \
+           "and FlashInferMLAAttnBackend, " in md
     code, _, err = repro(capsys, path, cell["id"], "-o", tmp_path / "r.py")
     assert code == 2 and "no reproducer template takes this finding" in err and not (tmp_path / "r.py").exists()
 
@@ -250,3 +274,38 @@ def test_engines_auto_finds_the_conformance_venvs_of_the_results_engine(tmp_path
     monkeypatch.chdir(empty)
     code, _, err = repro(capsys, COMMITTED, DECODE, "-o", empty / "r.py", "--engines", "auto")
     assert code == 2 and "--engines auto: no .venv-sglang or .venv-sglang-VERSION folder with bin/python here" in err
+
+
+def test_an_emulated_finding_inlines_the_emulations_and_imports_no_pytest_mla(tmp_path, capsys):
+    """A CUDA backend's finding at level emulated: the script carries the emulations it ran with, verbatim, as
+    modules of its own package, states the cell's GPU, and neither it nor an inlined module imports pytest_mla."""
+    cell = "deepseek-v3/flashmla/dcp1/none/sm80/kv-fp8_e4m3"
+    code, _, err = repro(capsys, COMMITTED, cell, "-o", tmp_path / "r.py")
+    assert code == 0, err
+    text = (tmp_path / "r.py").read_text()
+    namespace: dict = {}
+    tree = ast.parse(text)
+    for node in tree.body:  # the constants and the inlined sources, without running the script
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in (
+                "EMULATE", "KV_SCALE", "KV_CONVENTIONS", "INLINED_PACKAGE", "INLINED_MODULES"):
+            exec(compile(ast.Module([node], []), "r.py", "exec"), namespace)
+        elif (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript)
+              and getattr(node.targets[0].value, "id", "") == "INLINED_MODULES"):
+            exec(compile(ast.Module([node], []), "r.py", "exec"), namespace)
+    emulate = namespace["EMULATE"]
+    assert emulate["arch"] == "sm80" and emulate["platform"]["device_capability"] == [8, 0]
+    assert emulate["backend_module"] == "sglang.srt.layers.attention.flashmla_backend"
+    assert namespace["KV_SCALE"] == find(read_results(COMMITTED), cell)["kernel"]["kv_scale"] != 1.0
+    assert namespace["KV_CONVENTIONS"] == ["scaled", "raw"]
+    modules = namespace["INLINED_MODULES"]
+    package = namespace["INLINED_PACKAGE"]
+    assert "pytest_mla" not in package
+    assert {f"{package}.flashmla", f"{package}.glue", f"{package}.install", f"{package}.cpu_host"} <= set(modules)
+    emulated = ROOT / "pytest_mla" / "kernels" / "emulated"
+    assert modules[f"{package}.flashmla"] == (emulated / "flashmla.py").read_text()  # verbatim
+    for source in [text, *modules.values()]:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert not (node.module or "").startswith(("pytest_mla", "pytest", "_pytest")), node.module
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] in ("pytest_mla", "pytest", "_pytest") for a in node.names)

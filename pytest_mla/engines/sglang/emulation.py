@@ -30,13 +30,10 @@ from typing import Any, Iterator
 
 import torch
 
+from .support import CUDA_TOOLKIT, EMULATED_LIBRARIES
+
 __all__ = ["EMULATED_LIBRARIES", "Scope", "emulation_names", "scope"]
 
-#: The kernel libraries SGLang's CUDA attention backends call.
-EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")  # sglang: its own JIT kernels
-
-#: The CUDA toolkit stated to SGLang (``torch.version.cuda``): SGLang 0.5.2x ships CUDA-13 wheels.
-CUDA_TOOLKIT = "13.0"
 
 _lock = threading.Lock()
 _active: list[Any] = [None, 0]  # [the scope, ranks inside it]

@@ -8,7 +8,13 @@ from typing import Any
 
 from ...core.errors import AdapterError
 
-__all__ = ["STUBS", "adapter_error", "backend_module", "make_dataclass"]
+__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "STUBS", "adapter_error", "backend_module", "make_dataclass"]
+
+#: The kernel libraries SGLang's CUDA attention backends call (emulated at level ``emulated``).
+EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")  # sglang: its own JIT kernels
+
+#: The CUDA toolkit stated to SGLang (``torch.version.cuda``): SGLang 0.5.2x ships CUDA-13 wheels.
+CUDA_TOOLKIT = "13.0"
 
 #: CUDA-linked or host-specific modules replaced by import stubs (imported for names only).
 STUBS = {"torchvision": {"torchvision": {"__version__": "0.28.0"}}, "setproctitle": {}}

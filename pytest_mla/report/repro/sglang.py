@@ -15,18 +15,28 @@ round q and P to an fp8 cache's dtype), and a test holds them to
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from ... import __version__
 from ...core.spec import parse_spec
 from ..findings import finding_facts
 from ..serving import serve_command, server_phase
-from .templates import Context, Template, script_text
+from .templates import Context, Template, doc_safe, script_text
 
-__all__ = ["SGLangBackendTemplate", "DECODE_BACKENDS", "NUM_KV_SPLITS", "TOLERANCES"]
+__all__ = ["SGLangBackendTemplate", "DECODE_BACKENDS", "EMULATED_BACKENDS", "NUM_KV_SPLITS", "TOLERANCES",
+           "inlined_emulations"]
 
-#: Backend classes SGLang resolves that this template can run here → their name in ATTENTION_BACKENDS.
-DECODE_BACKENDS = {"TritonAttnBackend": "triton"}
+#: Backend classes SGLang resolves that this template can run here → their name in ATTENTION_BACKENDS:
+#: Triton's (under the interpreter without a GPU) and torch_native's run as they are.
+DECODE_BACKENDS = {"TritonAttnBackend": "triton", "TorchNativeAttnBackend": "torch_native"}
+#: CUDA backends whose cells ran at level "emulated": the script inlines the same float64 emulations of
+#: their kernel libraries (pytest_mla/kernels/emulated) and states the cell's GPU to SGLang.
+EMULATED_BACKENDS = {"FlashInferMLAAttnBackend": "flashinfer", "FlashInferAttnBackend": "flashinfer",
+                     "FlashAttentionBackend": "fa3", "FlashMLABackend": "flashmla", "TRTLLMMLABackend": "trtllm_mla",
+                     "CuteDslMLABackend": "cutedsl_mla"}
+#: The package the inlined emulations load as inside a script (never pytest_mla: it must not be importable).
+INLINED_PACKAGE = "mla_emulations"
 #: --triton-attention-num-kv-splits of the kernel check (engines/sglang/checks.py NUM_KV_SPLITS).
 NUM_KV_SPLITS = 2
 #: The check's tolerance for SGLang's Triton kernels (kernels/compare.py: TOLERANCES["bf16"] and, for an
@@ -52,14 +62,14 @@ class SGLangBackendTemplate(Template):
         if ctx.engine != "sglang":
             return f"not an SGLang finding (engine {ctx.engine or 'unknown'})"
         level = ctx.kernel.get("level")
-        if level != "backend":
-            extra = (": its kernels ran as float64 emulations, which no template inlines yet"
-                     if level == "emulated" else "")
-            return f"the check ran at level {level!r}, not 'backend'{extra}"
-        decode = ((ctx.record.get("outcome") or {}).get("backends") or {}).get("decode")
-        if decode not in DECODE_BACKENDS:
-            return (f"the decode backend {decode} needs a GPU (templates run "
-                    f"{', '.join(DECODE_BACKENDS)} so far)")
+        if level not in ("backend", "emulated"):
+            return f"the check ran at level {level!r}, not 'backend' or 'emulated'"
+        decode = _decode_class(ctx)
+        runnable = DECODE_BACKENDS if level == "backend" else EMULATED_BACKENDS
+        if decode not in runnable:
+            return (f"the decode backend {decode} at level {level!r} has no reproducer (this template runs "
+                    f"{', '.join(DECODE_BACKENDS)} as they are and {', '.join(EMULATED_BACKENDS)} around emulated "
+                    "kernels)")
         case = ctx.kernel.get("case") or {}
         missing = [f for f in _CASE_FIELDS if f not in case]
         if missing:
@@ -73,10 +83,16 @@ class SGLangBackendTemplate(Template):
         coords = ctx.coords
         spec = parse_spec(str(coords.get("spec", "none")))
         dcp = max(int(coords.get("dcp", 1)), 1)
-        decode = ctx.record["outcome"]["backends"]["decode"]
+        decode = _decode_class(ctx)
+        emulated = ctx.kernel.get("level") == "emulated"
         facts = finding_facts(ctx.record, ctx.engine)
         kv = str(case["kv_dtype"])
-        tolerance = (ctx.kernel.get("tolerance") or {}).get("out") or TOLERANCES.get(kv, TOLERANCES["auto"])
+        # Triton's kernels round q and P to an fp8 cache's dtype (its looser table); the others do not
+        default = TOLERANCES.get(kv, TOLERANCES["auto"]) if decode == "TritonAttnBackend" else TOLERANCES["auto"]
+        tolerance = (ctx.kernel.get("tolerance") or {}).get("out") or default
+        kv_scale = ctx.kernel.get("kv_scale")
+        kv_scale = float(kv_scale) if kv_scale not in (None, 1, 1.0) and kv != "auto" else None
+        conventions = ["scaled", "raw"] if kv_scale is not None and case.get("mla") else ["scaled"]
         speculative = None
         if spec.enabled:
             speculative = {"algorithm": _ALGORITHMS.get(spec.algorithm or "", "EAGLE"), "topk": spec.topk,
@@ -84,11 +100,16 @@ class SGLangBackendTemplate(Template):
         return {
             "CELL": (str(ctx.record.get("id")), "the pytest-mla cell"),
             "MODEL_CONFIG": (dict(ctx.config_json or {}), f"{ctx.model.name}'s config.json, without weights"),
-            "ATTENTION_BACKEND": (DECODE_BACKENDS[decode], f"SGLang resolved {coords.get('backend')} to {decode}"),
+            "ATTENTION_BACKEND": (_backend_name(ctx), f"SGLang resolved {coords.get('backend')} to {decode}"),
             "TP": (int(coords["tp"]) if coords.get("tp") is not None else dcp, "--tp-size"),
             "DCP": (dcp, "--dcp-size: decode context parallel ranks"),
             "PAGE_SIZE": (int(case["page_size"]), "--page-size as SGLang resolved it"),
             "KV_CACHE_DTYPE": (kv, "--kv-cache-dtype as SGLang resolved it"),
+            "KV_SCALE": (kv_scale, "the checkpoint's calibrated k_scale = v_scale of the fp8 cache (None: 1.0, none)"),
+            "KV_CONVENTIONS": (conventions, "how the cached fp8 rows hold their tokens, each tried (see "
+                                            "CONVENTION_MEANING)"),
+            "EMULATE": (_emulate(ctx) if emulated else None,
+                        "level emulated: the GPU stated to SGLang and the kernel libraries emulated (None: none)"),
             "NUM_KV_SPLITS": (NUM_KV_SPLITS, "--triton-attention-num-kv-splits of the check"),
             "SPECULATIVE": (speculative, "EAGLE verify (None: plain decode)"),
             "SEQ_LENS": ([int(n) for n in case["seqlens"]], "tokens per request, the new ones included"),
@@ -105,14 +126,17 @@ class SGLangBackendTemplate(Template):
         }
 
     def render(self, ctx: Context, script_name: str = "repro.py") -> str:
-        return script_text("sglang_backend.py.tmpl", self.docstring(ctx, script_name), self.constants(ctx))
+        emulated = ctx.kernel.get("level") == "emulated"
+        text = script_text("sglang_backend.py.tmpl", self.docstring(ctx, script_name), self.constants(ctx))
+        return text.replace("@INLINED@", inlined_emulations() if emulated else
+                            f"INLINED_PACKAGE, INLINED_MODULES = {INLINED_PACKAGE!r}, {{}}  # nothing emulated")
 
     def docstring(self, ctx: Context, script_name: str) -> str:
         facts = ctx.finding.facts
         coords = ctx.coords
         phase = server_phase("sglang", facts.step)
-        decode = ctx.record["outcome"]["backends"]["decode"]
-        resolved = "" if DECODE_BACKENDS[decode] == coords.get("backend") else (
+        decode = _decode_class(ctx)
+        resolved = "" if _backend_name(ctx) == coords.get("backend") else (
             f" (SGLang serves {coords.get('backend')} with {decode} in this configuration)")
         entry = ("DeepseekMLAForwardMixin.forward_absorb_core (the model's absorbed-MLA attention)"
                  if ctx.kernel.get("case", {}).get("mla") else "RadixAttention.forward (the model's attention layer)")
@@ -137,6 +161,17 @@ class SGLangBackendTemplate(Template):
             "that a server has and this script does not (weights, a model runner, a process group) is a "
             "stand-in, marked 'Stand-in' below. Without a GPU, Triton runs under its interpreter.",
             "",
+        ]
+        if ctx.kernel.get("level") == "emulated":
+            lines += [
+                f"The matrix found it at level 'emulated': SGLang's {decode} ran on a CPU stated to it as a CUDA "
+                f"{coords.get('arch')} GPU, around float64 emulations of its kernel libraries (flashinfer, "
+                "flash_mla, sgl_kernel, SGLang's JIT kernels). This script does the same: the emulations are "
+                "inlined at its end, verbatim, and each states the library contract it follows. What the "
+                "kernels themselves compute on the GPU is not checked here; confirm there.",
+                "",
+            ]
+        lines += [
             "Run it where SGLang is installed (it needs torch and sglang only: no pytest, no pytest-mla):",
             f"    python {script_name}",
             "Exit status: 1 the bug reproduces (SGLang raises, or its output is out of tolerance of the float64",
@@ -147,3 +182,92 @@ class SGLangBackendTemplate(Template):
             f"    pytest-mla repro {ctx.result_file} {ctx.record.get('id')} -o {os.path.basename(script_name)}",
         ]
         return "\n".join(lines)
+
+
+#: The class SGLang's registry builds for a backend name (MLA model, GQA model): for a record whose start-up
+#: validation could not build the backend on a CPU host and so does not name its class.
+_CLASSES = {"triton": ("TritonAttnBackend",) * 2, "torch_native": ("TorchNativeAttnBackend",) * 2,
+            "flashinfer": ("FlashInferMLAAttnBackend", "FlashInferAttnBackend"),
+            "fa3": ("FlashAttentionBackend",) * 2, "flashmla": ("FlashMLABackend",) * 2,
+            "trtllm_mla": ("TRTLLMMLABackend",) * 2, "cutedsl_mla": ("CuteDslMLABackend",) * 2}
+
+
+def _decode_class(ctx: Context) -> str | None:
+    decode = ((ctx.record.get("outcome") or {}).get("backends") or {}).get("decode")
+    if decode and str(decode).isidentifier():  # the class SGLang built
+        return decode
+    classes = _CLASSES.get(str(ctx.coords.get("backend")))
+    if classes is None:
+        return decode
+    return classes[0] if (ctx.kernel.get("case") or {}).get("mla") else classes[1]
+
+
+def _backend_name(ctx: Context) -> str:
+    decode = _decode_class(ctx)
+    return DECODE_BACKENDS.get(decode) or EMULATED_BACKENDS[decode]
+
+
+#: Mirrors of the SGLang adapter's emulation scope (engines/sglang/support.py; the report layer does not import
+#: engines: tests/report/test_repro.py holds them equal): the libraries replaced and the CUDA toolkit stated.
+EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")
+CUDA_TOOLKIT = "13.0"
+#: The module of each emulated backend class (support.backend_module, by class).
+BACKEND_MODULES = {"FlashInferMLAAttnBackend": "sglang.srt.layers.attention.flashinfer_mla_backend",
+                   "FlashInferAttnBackend": "sglang.srt.layers.attention.flashinfer_backend",
+                   "FlashAttentionBackend": "sglang.srt.layers.attention.flashattention_backend",
+                   "FlashMLABackend": "sglang.srt.layers.attention.flashmla_backend",
+                   "TRTLLMMLABackend": "sglang.srt.layers.attention.trtllm_mla_backend",
+                   "CuteDslMLABackend": "sglang.srt.layers.attention.cutedsl_mla_backend"}
+
+
+def cuda_platform_facts(arch: str) -> dict[str, Any]:
+    """SGLang's platform facts of a CUDA arch (``sm90``), as engines/sglang/platforms.platform_facts states them
+    (a test holds the two equal on every CUDA arch); the script passes the ones its release knows."""
+    match = re.match(r"^sm(\d+)", arch)
+    if match is None:
+        raise ValueError(f"not a CUDA arch: {arch!r}")
+    sm = int(match.group(1))
+    major, minor = divmod(sm, 10)
+    return {
+        "is_cuda": True, "is_hip": False, "is_npu": False, "is_xpu": False, "is_musa": False, "is_mps": False,
+        "is_sm90": major == 9, "is_sm100": major == 10, "is_sm100_or_sm110": major in (10, 11), "is_sm110": major == 11,
+        "is_sm120": major == 12, "is_blackwell": major in (10, 11, 12), "is_hopper_with_cuda_12_3": major == 9,
+        "has_amx": False, "has_flashinfer": True, "device_sm": sm, "device_capability": [major, minor],
+    }
+
+
+def _emulate(ctx: Context) -> dict[str, Any]:
+    """What an emulated cell's script states to SGLang and replaces (as ``engines/sglang/emulation`` does)."""
+    arch = str(ctx.coords.get("arch"))
+    return {"arch": arch, "platform": cuda_platform_facts(arch), "cuda_toolkit": CUDA_TOOLKIT,
+            "libraries": list(EMULATED_LIBRARIES), "backend_module": BACKEND_MODULES[str(_decode_class(ctx))]}
+
+
+#: What an emulated cell's script inlines: the emulation package's modules and the CPU host's answers.
+_INLINED_SOURCES = (("kernels/emulated/__init__.py", ""), ("kernels/emulated/glue.py", "glue"),
+                    ("kernels/emulated/install.py", "install"), ("engines/common/cpu_host.py", "cpu_host"))
+
+
+def inlined_emulations() -> str:
+    """The script section holding pytest-mla's float64 emulations, verbatim, as modules of ``INLINED_PACKAGE``
+    (read as files: the report layer imports neither kernels nor engines)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pytest_mla/
+    library = sorted(name[:-3] for name in os.listdir(os.path.join(root, "kernels", "emulated"))
+                     if name.endswith(".py") and name[:-3] not in ("__init__", "glue", "install"))
+    sources = list(_INLINED_SOURCES) + [(f"kernels/emulated/{name}.py", name) for name in library]
+    lines = [
+        "# ---- inlined: pytest-mla's float64 emulations of the kernel libraries ------------------------------",
+        f"# Verbatim copies of pytest-mla {__version__}'s pytest_mla/kernels/emulated/*.py (each module's docstring",
+        "# states its library's contract: layouts, paging, scales, LSE base, what it refuses, as the library's own",
+        "# docs and tests define them) and pytest_mla/engines/common/cpu_host.py (the host calls a GPU answers,",
+        "# answered as a CPU host does). They are what the matrix run called; `emulated_gpu` above installs them",
+        "# where SGLang looks its kernels up. Nothing of SGLang is replaced.",
+        f"INLINED_PACKAGE = {INLINED_PACKAGE!r}",
+        "INLINED_MODULES = {}",
+    ]
+    for path, name in sources:
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            text = f.read()
+        module = f"{INLINED_PACKAGE}.{name}" if name else INLINED_PACKAGE
+        lines += ["", f"# pytest_mla/{path}", f'INLINED_MODULES[{module!r}] = """\\', doc_safe(text) + '"""']
+    return "\n".join(lines)
