@@ -77,7 +77,7 @@ class FindingFacts:
 
     @property
     def phase(self) -> ServerPhase:
-        return server_phase(self.engine, self.step)
+        return server_phase(self.engine, self.step, self.kind, self.function)
 
     @property
     def statement(self) -> str:

@@ -132,8 +132,23 @@ _SGLANG_SOURCES = (
 )
 
 
-def server_phase(engine: str, step: str) -> ServerPhase:
-    """When a server meets a finding in its ``decode`` or ``verify`` step, from the engine's defaults."""
+def server_phase(engine: str, step: str, kind: str = "raised", function: str | None = None) -> ServerPhase:
+    """When a server meets a finding in its ``decode`` or ``verify`` step, from the engine's defaults.
+
+    ``kind`` ``"mismatch"`` (an output out of tolerance) never stops a server: it serves wrong outputs.
+    ``function``: where it raised; a constructor (``...__init__``) raises while the server builds its
+    attention backend, before any graph capture.
+    """
+    what = "decode" if step == "decode" else "verify"
+    if kind == "mismatch":
+        return ServerPhase("first step", "a server serves wrong outputs, silently",
+                           f"silently, from its first {what} step: nothing raises (CUDA-graph capture and start-up "
+                           "succeed), and every step computes attention outputs out of tolerance, so the server "
+                           "returns wrong tokens without an error")
+    if engine == "sglang" and (function or "").endswith(".__init__"):
+        return ServerPhase("start-up", "a server fails at start-up (building its attention backend)",
+                           "at start-up, while the model runner builds its attention backend, before it captures "
+                           "any CUDA graph (--disable-cuda-graph does not avoid it)")
     if engine == "sglang":
         captured = "decode batches" if step == "decode" else "target-verify batches (speculative decoding)"
         first = "its first decode step" if step == "decode" else "its first verify step"
@@ -143,7 +158,6 @@ def server_phase(engine: str, step: str) -> ServerPhase:
             f"capture runs this path (DCP turns off only the prefill graphs), so the server dies during "
             f"start-up; with --disable-cuda-graph it starts and dies at {first}",
             _SGLANG_SOURCES)
-    what = "decode" if step == "decode" else "verify"
     return ServerPhase("not traced", f"when a {engine} server meets it was not traced",
                        f"not traced for {engine}: at the latest its first {what} step; a start-up CUDA-graph "
                        "capture may meet it earlier")

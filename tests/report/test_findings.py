@@ -229,3 +229,23 @@ def test_diff_names_findings_that_appeared_disappeared_and_changed(tmp_path):
     assert sorted(f["kind"] for f in data["findings"]) == ["appeared", "changed", "disappeared"]
     # nothing to say when nothing changed
     assert diff_documents(old, copy.deepcopy(old)).findings == []
+
+
+def test_when_a_server_meets_a_finding_depends_on_how_it_fails():
+    """Read from the committed SGLang report: a raise in a decode step dies in start-up graph capture, a raise in
+    a backend constructor dies while the server builds the backend (graphs or not), and an output out of
+    tolerance never stops a server: it serves wrong tokens, silently."""
+    from pathlib import Path
+
+    from pytest_mla.report.results import read_results
+
+    doc = read_results(Path(__file__).resolve().parents[2] / "reports" / "sglang-0.5.23.json")
+    phases = {f.facts.title: f.facts.phase for f in group_findings(doc["cells"], "sglang")}
+    capture = phases["decode raises AssertionError in MLATokenToKVPool.set_kv_buffer"]
+    assert capture.when == "start-up" and "captures CUDA graphs of decode batches" in capture.text
+    built = phases["decode raises AttributeError in FlashInferMLAIndicesUpdaterPrefill.__init__"]
+    assert built.when == "start-up" and "while the model runner builds its attention backend" in built.text
+    assert "--disable-cuda-graph does not avoid it" in built.text
+    silent = phases["decode out of tolerance in FlashMLABackend.forward_decode"]
+    assert silent.when == "first step" and silent.short == "a server serves wrong outputs, silently"
+    assert "nothing raises" in silent.text and "CUDA graph" not in silent.short

@@ -6,13 +6,13 @@ A pure function of the finding cell, its run, the template that reproduces it
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from ..findings import short_function
-from ..serving import CHECKPOINTS, display_name, serve_command, server_phase
+from ..serving import CHECKPOINTS, display_name, serve_command
 from .runs import EngineRun
 from .templates import Context, Template
 
@@ -80,7 +80,7 @@ def render_bug_report(ctx: Context, template: Template | None, *, script_name: s
     ``runs``: the reproducer's runs in other environments (``--engines``)."""
     finding, facts = ctx.finding, ctx.finding.facts
     engine, version = display_name(ctx.engine), ctx.version
-    phase = server_phase(ctx.engine, facts.step)
+    phase = facts.phase
     archs = [v for a, vals in finding.coverage(["arch"]) for v in vals]
     out = [f"# {title_of(ctx)}", ""]
     summary = (f"{engine} {version} accepts this configuration at start-up, then its own code fails when it "
@@ -115,6 +115,7 @@ def render_bug_report(ctx: Context, template: Template | None, *, script_name: s
     decode = ((ctx.record.get("outcome") or {}).get("backends") or {}).get("decode")
     if decode:
         out.append(f"{engine} builds `{decode}` as the decode backend here.")
+    out += _kv_scale_lines(ctx)
     out.append("")
 
     out += ["## When a server meets it", "", f"{phase.text[0].upper()}{phase.text[1:]}.", ""]
@@ -188,3 +189,15 @@ def render_bug_report(ctx: Context, template: Template | None, *, script_name: s
         out += ["## The matrix's note", "", f"> {finding.xfail}", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
+
+
+def _kv_scale_lines(ctx: Any) -> list[str]:
+    """An fp8 finding that depends on the checkpoint's KV scales: which scales the check ran, and how each went."""
+    variants = [v for v in ctx.kernel.get("variants") or () if v.get("kv_scale") is not None]
+    if len(variants) < 2:
+        return []
+    told = "; ".join(f"k_scale = v_scale = {float(v['kv_scale']):g}: {v.get('status')}" for v in variants)
+    return [f"The check ran the fp8 cache with each KV scale a checkpoint may carry ({told}): the finding needs a "
+            "checkpoint whose quantization config carries calibrated KV scales (k_scale != 1); one without them "
+            "(k_scale 1.0) " + ("passes." if any(float(v["kv_scale"]) == 1.0 and v.get("status") == "verified"
+                                            for v in variants) else "was not verified either.")]

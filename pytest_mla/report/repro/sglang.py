@@ -21,7 +21,7 @@ from typing import Any
 from ... import __version__
 from ...core.spec import parse_spec
 from ..findings import finding_facts
-from ..serving import serve_command, server_phase
+from ..serving import serve_command
 from .templates import Context, Template, doc_safe, script_text
 
 __all__ = ["SGLangBackendTemplate", "DECODE_BACKENDS", "EMULATED_BACKENDS", "NUM_KV_SPLITS", "TOLERANCES",
@@ -134,7 +134,7 @@ class SGLangBackendTemplate(Template):
     def docstring(self, ctx: Context, script_name: str) -> str:
         facts = ctx.finding.facts
         coords = ctx.coords
-        phase = server_phase("sglang", facts.step)
+        phase = facts.phase
         decode = _decode_class(ctx)
         resolved = "" if _backend_name(ctx) == coords.get("backend") else (
             f" (SGLang serves {coords.get('backend')} with {decode} in this configuration)")
