@@ -38,6 +38,12 @@ FINDINGS = {
                  "sglang.srt.layers.attention.triton_backend:TritonAttnBackend._forward_extend_dcp"),
 }
 POISON = 'raise ImportError("POISON: a reproducer must not import pytest or pytest_mla")\n'
+#: An MLA_REPRO_PATCH planting a fault in SGLang: its attention layers built with a 5% larger softmax scale.
+SCALE_FAULT = ("from sglang.srt.layers.radix_attention import RadixAttention\n"
+               "_init = RadixAttention.__init__\n"
+               "def __init__(self, num_heads, head_dim, scaling, *args, **kwargs):\n"
+               "    _init(self, num_heads, head_dim, scaling * 1.05, *args, **kwargs)\n"
+               "RadixAttention.__init__ = __init__\n")
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +141,7 @@ def test_on_the_fault_free_path_the_script_computes_and_matches_the_reference(ce
 def test_a_fault_planted_in_sglang_is_a_mismatch(result, sglang_python, poison, tmp_path):
     """The script's numbers can fail: SGLang's attention layer built with a 5% larger softmax scale."""
     patch = tmp_path / "scale_fault.py"
-    patch.write_text(
-        "from sglang.srt.layers.radix_attention import RadixAttention\n"
-        "_init = RadixAttention.__init__\n"
-        "def __init__(self, num_heads, head_dim, scaling, *args, **kwargs):\n"
-        "    _init(self, num_heads, head_dim, scaling * 1.05, *args, **kwargs)\n"
-        "RadixAttention.__init__ = __init__\n")
+    patch.write_text(SCALE_FAULT)
     script = with_dcp(generate(result, DECODE_LITE, tmp_path / "repro.py"), 1)
     code, output, outcome = run_script(sglang_python, script, poison, MLA_REPRO_PATCH=os.fspath(patch))
     assert code == 1, output[-3000:]
@@ -257,11 +258,6 @@ def test_on_the_fault_free_path_an_emulated_script_matches_the_reference(sglang_
     assert outcome["status"] == "fixed" and re.search(r" 0 of \d+ elements out of tolerance", outcome["message"])
     assert "emulated: flash_mla:get_mla_decoding_metadata" in outcome["message"]  # the emulations ran
     patch = tmp_path / "scale_fault.py"
-    patch.write_text(
-        "from sglang.srt.layers.radix_attention import RadixAttention\n"
-        "_init = RadixAttention.__init__\n"
-        "def __init__(self, num_heads, head_dim, scaling, *args, **kwargs):\n"
-        "    _init(self, num_heads, head_dim, scaling * 1.05, *args, **kwargs)\n"
-        "RadixAttention.__init__ = __init__\n")
+    patch.write_text(SCALE_FAULT)
     code, output, outcome = run_script(sglang_python, script, poison, MLA_REPRO_PATCH=os.fspath(patch))
     assert code == 1 and outcome["error"] == "mismatch", output[-3000:]
