@@ -115,17 +115,29 @@ def in_process(sizes: list[int]) -> None:
               f"{t_term:6.2f} {t_merge:6.2f} {t_diff:6.2f}   {' ' * 11}{per_cell:6.0f}  {len(page.encode()) / 1e6:6.1f}")
 
 
+PEAK = Path(__file__).resolve().parent / "peak.py"
+
+
 def run_measured(argv: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS in MB, stderr tail) of one command."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read() if proc.stderr else ""
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {err[-500:]}")
-    return wall, usage.ru_maxrss / 1024, err.strip()[-200:]
+    """(wall seconds, peak RSS in MB, stderr tail) of one ``python -m MODULE ...`` command.
+
+    The peak is the command's own (``peak.py``: ``VmHWM`` at its exit), not ``ru_maxrss`` from
+    ``wait4``, which starts from this process's own peak (the synthetic documents it built)."""
+    python, dash_m, module, *args = argv
+    assert dash_m == "-m", argv
+    with tempfile.NamedTemporaryFile(prefix="pytest-mla-peak-", suffix=".txt", delete=False) as peak_file:
+        peak_path = Path(peak_file.name)
+    try:
+        start = time.perf_counter()
+        proc = subprocess.run([python, str(PEAK), str(peak_path), module, *args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr[-500:]}")
+        peak_kb = int(peak_path.read_text() or 0)
+    finally:
+        peak_path.unlink(missing_ok=True)
+    return wall, peak_kb / 1024, proc.stderr.strip()[-200:]
 
 
 def render_cli(size: int) -> dict[str, Any]:
