@@ -48,6 +48,7 @@ class ResultCollector:
         self.interrupted = False
         self.collection_errors: list[str] = []
         self.documents: dict[Path, dict[str, Any]] = {}  # built once in sessionfinish, reused by the summary
+        self.models: dict[int, Any] = {}  # id(document) → its ReportModel: the reports and the summary share it
         self.write_failures: list[str] = []  # shown in red by the terminal summary
         self.regressions: list[tuple[str, Any]] = []  # (matrix, Change) against --mla-baseline
         self.kernel_cache: str | None = None  # shared by xdist workers, made on first use
@@ -286,7 +287,7 @@ class ResultCollector:
             self.write_failures.append(f"cannot write {run_facts_path(path)}: {exc.strerror or exc}")
         stem = path.parent / path.name[:-len(".json")] if path.name.endswith(".json") else path
         try:
-            return render_files(document, stem, self.run.settings.formats, self.written)
+            return render_files(document, stem, self.run.settings.formats, self.written, self.model(document))
         except OSError as exc:
             self.write_failures.append(f"cannot write the reports next to {path}: "
                                        f"{exc.strerror or exc} (render them with: pytest-mla render {path})")
@@ -296,6 +297,16 @@ class ResultCollector:
                                        f"{type(exc).__name__}: {exc} (the results are written; render them "
                                        f"with: pytest-mla render {path})")
             return None
+
+    def model(self, document: dict[str, Any]) -> Any:
+        """The ``ReportModel`` of one of ``self.documents`` (made once), or a new one of another document."""
+        from .report.model import ReportModel
+
+        if not any(d is document for d in self.documents.values()):
+            return ReportModel(document)
+        if id(document) not in self.models:
+            self.models[id(document)] = ReportModel(document)
+        return self.models[id(document)]
 
     def write_run_facts(self, path: Path, cells: list[CellRecord]) -> None:
         """``x.run.json`` beside ``x.json``: the facts that differ on every run (kept out of ``x.json``
@@ -409,8 +420,10 @@ class ResultCollector:
         if not self.records:
             return
         documents = [self._document_for_summary(file) for file in self.run.files]
-        records = [with_volatile(r, self.facts(nodeid)) for nodeid, r in self.records.items()]
-        lines = build_summary(records, [d for d in documents if d is not None],
+        # A duration alone (most cells) is not read by the summary: those records are not copied.
+        records = [r if type(self.volatile.get(nodeid, 0.0)) is float else with_volatile(r, self.facts(nodeid))
+                   for nodeid, r in self.records.items()]
+        lines = build_summary(records, [d for d in documents if d is not None], models=self.models,
                               verbosity=self.config.get_verbosity(),
                               baseline=self.run.settings.baseline if self.run.baseline is not None else None,
                               regressions=self.regressions, written=[_shown(p) for p in self.written],
@@ -535,12 +548,13 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
     return plain if isinstance(plain, dict) else {"value": plain}
 
 
-def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path]) -> str | None:
+def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path],
+                 model: Any = None) -> str | None:
     """Markdown and HTML next to the JSON, from the same document; returns the Markdown (None if not asked)."""
     from .report.model import ReportModel
 
     markdown = None
-    model = ReportModel(document)  # one model, one backends view, for both pages
+    model = model if model is not None else ReportModel(document)  # one model, one backends view, for both pages
     if "md" in formats:
         from .report.markdown import render_markdown
 

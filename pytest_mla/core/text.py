@@ -71,7 +71,16 @@ def visible(text: Any, *, allow: str = "\n\t") -> str:
     text = "" if text is None else str(text)
     if text.isascii() and text.isprintable():
         return text
-    return "".join(_escape(ch) if invisible(ch, allow=allow) else ch for ch in text)
+    # Only characters outside printable ASCII can be invisible: look at those alone (a long
+    # kernel description with a few newlines is one pass in C, not a Python call per character).
+    return _NOT_PRINTABLE_ASCII.sub(lambda m: _visible_char(m.group(), allow), text)
+
+
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
+
+
+def _visible_char(ch: str, allow: str) -> str:
+    return _escape(ch) if invisible(ch, allow=allow) else ch
 
 
 # -- regexes --------------------------------------------------------------------------------

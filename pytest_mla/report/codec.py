@@ -84,8 +84,13 @@ class Encoder:
     written before that cell's line.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, by_identity: bool = False) -> None:
         self.size = 0
+        #: ``by_identity``: a container met again as the very same object is found by its ``id``
+        #: (records read from files share their values: a merge writes each once, not a walk per
+        #: cell). Only for cells nobody changes while the encoder lives (a whole file written at
+        #: once), never for a stream that outlives the records it was handed.
+        self._by_id: dict[int, tuple[Any, int]] | None = {} if by_identity else None
         self._strings: dict[str, int] = {}
         self._ints: dict[int, int] = {}
         self._containers: dict[str, int] = {}  # an entry's JSON text → its index
@@ -115,6 +120,11 @@ class Encoder:
                 index = self._strings[value] = self._define(_dumps(value), value)
             return index
         if kind is dict or kind is list:
+            by_id = self._by_id
+            if by_id is not None:
+                seen = by_id.get(id(value))
+                if seen is not None and seen[0] is value:
+                    return seen[1]
             try:  # a container seen before is found by a key made of its values, without walking it again
                 key = _value_key(value)
             except TypeError:
@@ -127,6 +137,8 @@ class Encoder:
                     index = self._container([self.slot(v) for v in value], list)
                 if key is not None:
                     self._keyed[key] = index
+            if by_id is not None and key is not None:
+                by_id[id(value)] = (value, index)  # the value is kept: its id stays its own
             return index
         if kind is int:
             index = self._ints.get(value)

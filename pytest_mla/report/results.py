@@ -145,7 +145,7 @@ class ResultStream:
 def results_text(run: Mapping[str, Any], cells: Iterable[Mapping[str, Any]]) -> str:
     """The text of a result file (the same bytes a ``ResultStream`` writes for these cells)."""
     head, end = split_run(run)
-    encoder = Encoder()
+    encoder = Encoder(by_identity=True)  # the cells do not change while they are written
     parts = [_HEAD, '"run":', _pretty(head), ',\n"cells":[\n']
     lines = []
     for record in cells:

@@ -25,8 +25,10 @@ LIST_LIMIT = 20
 
 def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str, Any]], *, verbosity: int,
                   baseline: str | None, regressions: Sequence[tuple[str, Any]],
-                  written: Sequence[str], interrupted: bool = False) -> list[Line]:
-    """The lines under ``== mla matrix ==`` (empty when no cell ran)."""
+                  written: Sequence[str], interrupted: bool = False,
+                  models: Mapping[int, Any] | None = None) -> list[Line]:
+    """The lines under ``== mla matrix ==`` (empty when no cell ran). ``models``: ``id(document)`` →
+    its ``ReportModel``, made for the reports already (the sketch shares its work)."""
     if not records:
         return []
     documents = list(documents)
@@ -59,7 +61,8 @@ def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str
     if verbosity >= -1:  # -q (make matrix) keeps the sketch: it is the run's answer; -qq drops it
         from .terminal import render_terminal
 
-        texts = [render_terminal(doc) for doc in documents if doc["cells"]]
+        models = models or {}
+        texts = [render_terminal(doc, model=models.get(id(doc))) for doc in documents if doc["cells"]]
         if texts:
             lines.append(("\n".join(texts), {}))
     if baseline is not None:

@@ -42,11 +42,13 @@ def _pad(text: str, width: int) -> str:
     return text + " " * max(0, width - display_width(text))
 
 
-def render_terminal(document: Mapping[str, Any], width: int = 100, *, view: str = "grid") -> str:
-    """The matrix of one result document in a few plain-text lines (no trailing newline)."""
+def render_terminal(document: Mapping[str, Any], width: int = 100, *, view: str = "grid",
+                    model: ReportModel | None = None) -> str:
+    """The matrix of one result document in a few plain-text lines (no trailing newline); ``model``:
+    the ``ReportModel`` of ``document``, to share the work of the reports written from it."""
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r} (known: {', '.join(VIEWS)})")
-    model = ReportModel(document)
+    model = model if model is not None else ReportModel(document)
     if view == "backends":
         return _head(model) + "\n" + render_backends_text(build_backends_view(model))
     grid = _grid(model, width)
