@@ -261,3 +261,13 @@ def test_on_the_fault_free_path_an_emulated_script_matches_the_reference(sglang_
     patch.write_text(SCALE_FAULT)
     code, output, outcome = run_script(sglang_python, script, poison, MLA_REPRO_PATCH=os.fspath(patch))
     assert code == 1 and outcome["error"] == "mismatch", output[-3000:]
+
+
+def test_a_failure_of_the_script_itself_is_exit_2_never_a_reproduction(sglang_python, poison, tmp_path):
+    """Anything raised outside SGLang's build and step (here: the test hook itself) is 'cannot-build'."""
+    patch = tmp_path / "broken.py"
+    patch.write_text("raise RuntimeError('the script broke, not SGLang')\n")
+    script = generate(COMMITTED, "deepseek-v3/flashmla/dcp4/none/sm80/kv-auto", tmp_path / "repro.py")
+    code, output, outcome = run_script(sglang_python, script, poison, MLA_REPRO_PATCH=os.fspath(patch))
+    assert code == 2, output[-3000:]
+    assert outcome["status"] == "cannot-build" and "RuntimeError: the script broke, not SGLang" in outcome["message"]
