@@ -367,13 +367,18 @@ def gen_planted_q(
 
 
 def _least_norm(k: torch.Tensor, value: float) -> torch.Tensor:
-    """The shortest ``x`` with ``k @ x == value`` for every row of ``k`` ``[m, d]`` (least squares when m > d)."""
+    """The shortest ``x`` with ``k @ x == value`` for every row of ``k`` ``[m, d]`` (least squares when m > d).
+
+    Both branches solve a small Gram system: ``torch.linalg.lstsq`` on a CPU gives different bits from one
+    call to the next (LAPACK's pivoted QR under threaded BLAS), which made a seeded case's q irreproducible.
+    """
     m, d = k.shape
     rhs = torch.full((m, 1), value, dtype=torch.float64)
     if m <= d:
         gram = k @ k.T + 1e-12 * torch.eye(m, dtype=torch.float64)
         return (k.T @ torch.linalg.solve(gram, rhs)).flatten()
-    return torch.linalg.lstsq(k, rhs).solution.flatten()
+    gram = k.T @ k + 1e-12 * torch.eye(d, dtype=torch.float64)  # the normal equations
+    return torch.linalg.solve(gram, k.T @ rhs).flatten()
 
 
 def _share_logits(share: float, logits: torch.Tensor, among: torch.Tensor) -> torch.Tensor:
