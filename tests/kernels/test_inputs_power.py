@@ -52,6 +52,17 @@ def test_planted_target_holds_its_share_and_the_newest_first_and_page_tokens_dom
     assert probs[:, :].shape == (16, 90) and torch.equal(x.q[2].float(), x.q[2].float())
 
 
+def test_heads_cycle_through_the_planted_positions_in_order_with_each_dcp_rank_s_first_token():
+    # 40 tokens, pages of 8, DCP 3 with interleave 4 (rank (p // 4) % 3): the positions, in order,
+    # are the newest (39), the first (0), either side of the first page boundary (7, 8), the middle
+    # token (20) and each rank's first token not already named (rank 1: 4; ranks 0 and 2 start at 0
+    # and 8). Heads 0-5 take them in turn, 6-11 random ones, 12-15 start over.
+    x = mla([40], dcp=(3, 4), page=8, seed=5)
+    dominant = logits_of(x, 0, 0).argmax(-1).tolist()  # [16]
+    assert dominant[:6] == [39, 0, 7, 8, 20, 4], dominant
+    assert dominant[12:] == [39, 0, 7, 8], dominant
+
+
 def test_flat_queries_are_flat():
     x = mla([1, 90, 0], seed=3, logits=None)
     assert logits_of(x, 1, 0).std() < 0.05  # why the old checks were blind
