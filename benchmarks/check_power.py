@@ -9,10 +9,10 @@ chain, a draft tree, an FP8 cache) it times, best of ``--repeat``:
 
 - **flat**: the old inputs (``clamp(randn / 10)`` queries: ``logits=None``)
   and the float64 reference — what a check did before issue 20;
-- **checked**: ``harness.gen_checked_inputs`` (the planted logit profile and
+- **checked**: ``harness.gen_checked_inputs`` as a check runs it (the planted logit profile and
   ``power.measure_power`` on it, fallback profiles only if a fault slips
-  through), the reference and the output magnitude (its relative bound) — what a check
-  does now before the kernel runs;
+  through, with the output magnitude the relative bound needs computed on the
+  way) and the reference — what a check does now before the kernel runs;
 - **check**: one whole ``harness.run_kernel_check`` of this repository's
   Triton kernel (interpreted without a GPU), which includes *checked*.
 
@@ -75,9 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pytest_mla.core.models import BUILTIN_MODELS
     from pytest_mla.kernels.compare import tolerance_for
-    from pytest_mla.kernels.harness import case_for, gen_checked_inputs, run_kernel_check
+    from pytest_mla.kernels.harness import _checked_inputs, case_for, run_kernel_check
     from pytest_mla.kernels.inputs import gen_decode_inputs
-    from pytest_mla.kernels.power import output_magnitude
     from pytest_mla.kernels.reference import ref_mla_decode
 
     model = BUILTIN_MODELS[args.model]
@@ -101,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             ref_mla_decode(**x.ref_args())
 
         def checked():
-            x, _ = gen_checked_inputs(case, tol.out, kv_scale=variant)
+            x, _, _ = _checked_inputs(case, tol.out, variant)  # the magnitude comes with the power
             ref_mla_decode(**x.ref_args())
-            output_magnitude(x)
 
         t_flat, t_checked = best_of(args.repeat, flat, clock), best_of(args.repeat, checked, clock)
         line = f"{label:16} {t_flat:8.3f} {t_checked:8.3f} {t_checked / t_flat:6.1f}"

@@ -37,7 +37,7 @@ from .compare import Tolerance, merged_bound
 from .inputs import DecodeInputs
 from .reference import ref_gather
 
-__all__ = ["MARGIN", "PLANTED_FAULTS", "WeakCheck", "measure_power", "output_magnitude"]
+__all__ = ["MARGIN", "PLANTED_FAULTS", "WeakCheck", "measure_power", "measure_power_and_magnitude", "output_magnitude"]
 
 #: A fault counts as detected only if the check would fail it with every bound this many times looser.
 MARGIN = 2.0
@@ -267,6 +267,21 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
     ``tests/kernels/test_power_exact.py`` holds the result to a plain float64 computation of
     every perturbed output.
     """
+    return _measure(x, tol, dcp, margin, None)
+
+
+def measure_power_and_magnitude(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1, 1),
+                                margin: float = MARGIN) -> tuple[dict[str, Any], torch.Tensor]:
+    """``measure_power`` and ``output_magnitude(x)`` (equal bit for bit) from one computation of the
+    scores and weights: a check needs both, and the scores are the larger part of either."""
+    b, s_q, h_q, _ = x.q.shape
+    magnitude = torch.zeros(b, s_q, h_q, x.head_dim_v, dtype=torch.float64)
+    return _measure(x, tol, dcp, margin, magnitude), magnitude
+
+
+def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: float,
+             magnitude_out: torch.Tensor | None) -> dict[str, Any]:
+    """``measure_power``; fills ``magnitude_out`` (``[b, s_q, h_q, d_v]``) with ``output_magnitude(x)`` if given."""
     b, s_q, h_q, _ = x.q.shape
     world, interleave = dcp
     masked = s_q > 1 and (x.causal or x.tree_mask is not None)
@@ -281,15 +296,19 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
         moved["merge_equal_weights"], moved["lse_base_swapped"] = [], []
     per_kind: dict[str, list[dict[str, Any]]] = {}
     misreads: list[tuple[str, _Part, torch.Tensor]] = []
-    for r in _requests(x):
+    for i, r in enumerate(_requests(x)):
         n = r.scores.shape[-1]
         if not n:
             continue
         weights, lse = _softmax(r.scores, r.visible)
         out = _weighted(weights, r.v)
+        known = None
+        if magnitude_out is not None:
+            known = _weighted(weights, r.v.abs())
+            magnitude_out[i] = known.transpose(0, 1)
 
-        def limit(out=out, weights=weights, v=r.v) -> torch.Tensor:
-            magnitude = _weighted(weights, v.abs())
+        def limit(out=out, weights=weights, v=r.v, known=known) -> torch.Tensor:
+            magnitude = known if known is not None else _weighted(weights, v.abs())
             bound = margin * merged_bound(tol, torch.maximum(out.abs(), magnitude), x.q.dtype, world > 1)
             return bound.clamp_(min=tol.abs * margin)
 

@@ -16,7 +16,7 @@ import torch
 from pytest_mla.core.models import BUILTIN_MODELS
 from pytest_mla.kernels.compare import FP8_DOT_TOLERANCES, TOLERANCES, Tolerance, check_close
 from pytest_mla.kernels.inputs import DISCRIMINATING, gen_decode_inputs
-from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power, output_magnitude
+from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power, measure_power_and_magnitude, output_magnitude
 from pytest_mla.kernels.reference import ref_gather, ref_merge, ref_mla_decode
 
 V3 = BUILTIN_MODELS["deepseek-v3"]
@@ -216,3 +216,20 @@ def test_the_magnitude_is_attention_over_the_absolute_values():
     p = torch.softmax(logits_of(x, 0, 0), -1)  # [h, n]
     expect = p @ k[:, 0, :512].abs()
     assert torch.allclose(output_magnitude(x)[0, 0], expect, rtol=1e-9, atol=1e-12)
+
+
+def test_the_power_measurement_hands_the_check_the_same_magnitude():
+    """``measure_power_and_magnitude``: the power record of ``measure_power`` and the magnitude
+    (attention over |V|, computed here from the logits; 0 for a request with no tokens), equal bit
+    for bit to ``output_magnitude``'s under a tree and DCP, so the check's verdicts cannot move."""
+    x = mla([90, 0], seed=5)
+    power, magnitude = measure_power_and_magnitude(x, BF16)
+    assert power == measure_power(x, BF16)
+    k = ref_gather(x.kv_cache, x.block_table[0], 90).to(torch.float64)
+    expect = torch.softmax(logits_of(x, 0, 0), -1) @ k[:, 0, :512].abs()
+    assert torch.allclose(magnitude[0, 0], expect, rtol=1e-9, atol=1e-12)
+    assert not magnitude[1].any()
+    x = mla([13, 150], s_q=13, spec_topk=4, spec_steps=3, seed=6, dcp=(4, 1))
+    power, magnitude = measure_power_and_magnitude(x, BF16, dcp=(4, 1))
+    assert power == measure_power(x, BF16, dcp=(4, 1))
+    assert torch.equal(magnitude, output_magnitude(x))
