@@ -193,17 +193,24 @@ def gen_checked_inputs(case: KernelCase, tol_out: Any, *, kv_scale: float | str 
     raises ``power.WeakCheck`` if no profile catches them all — such a case is
     never reported verified.
     """
+    inputs, power, _ = _checked_inputs(case, tol_out, kv_scale)
+    return inputs, power
+
+
+def _checked_inputs(case: KernelCase, tol_out: Any, kv_scale: float | str | None) -> tuple[Any, dict, Any]:
+    """``gen_checked_inputs`` and the inputs' ``power.output_magnitude`` (the check's relative bound
+    needs it; the power measurement computes it from the scores it has anyway)."""
     from .inputs import DISCRIMINATING, FALLBACK_PROFILES
-    from .power import WeakCheck, measure_power
+    from .power import WeakCheck, measure_power_and_magnitude
 
     profiles = (DISCRIMINATING, *FALLBACK_PROFILES)
     for attempt, profile in enumerate(profiles, start=1):
         inputs = gen_case_inputs(case, profile, kv_scale)
-        power = measure_power(inputs, tol_out, dcp=(case.dcp, case.dcp_interleave))
+        power, magnitude = measure_power_and_magnitude(inputs, tol_out, dcp=(case.dcp, case.dcp_interleave))
         if not power["undetected"]:
             power["profile"] = profile.as_dict()
             power["attempts"] = attempt
-            return inputs, power
+            return inputs, power, magnitude
     raise WeakCheck(f"the check cannot detect {', '.join(power['undetected'])} with any of {len(profiles)} "
                     "input profiles: not verified")
 
@@ -252,19 +259,18 @@ def run_kernel_check(
     tol = tolerance_for(case.dtype, case.kv_dtype)
     records = []
     for kv_scale in kv_scale_variants(case):
-        inputs, power = gen_checked_inputs(case, tol.out, kv_scale=kv_scale)
-        records.append(_run_once(case, inputs, power, tol, kernel, dcp_mode=dcp_mode, where=where, merge=merge,
-                                 timeout_s=timeout_s))
+        inputs, power, magnitude = _checked_inputs(case, tol.out, kv_scale)
+        records.append(_run_once(case, inputs, power, magnitude, tol, kernel, dcp_mode=dcp_mode, where=where,
+                                 merge=merge, timeout_s=timeout_s))
     return merge_variants(records)
 
 
-def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Callable | str, *, dcp_mode: str,
-              where: str, merge: Callable | str | None, timeout_s: float) -> dict[str, Any]:
+def _run_once(case: KernelCase, inputs: Any, power: dict, magnitude: Any, tol: Any, kernel: Callable | str, *,
+              dcp_mode: str, where: str, merge: Callable | str | None, timeout_s: float) -> dict[str, Any]:
     import torch
 
     from .compare import check_close, tolerance_record
     from .dcp import gen_dcp_shards, run_shards
-    from .power import output_magnitude
     from .reference import ref_mla_decode
 
     from ._mode import ensure_triton_mode
@@ -297,7 +303,6 @@ def _run_once(case: KernelCase, inputs: Any, power: dict, tol: Any, kernel: Call
         elapsed = time.perf_counter() - start
 
     ref_out, ref_lse = ref_mla_decode(**inputs.to("cpu").ref_args())
-    magnitude = output_magnitude(inputs.to("cpu"))
     out_check = check_close("out", out, ref_out, tol.out, magnitude, exchange=case.dcp > 1)
     lse_check = check_close("lse", lse, ref_lse, tol.lse)
     ok = out_check.ok and lse_check.ok and not findings

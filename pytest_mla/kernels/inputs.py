@@ -251,7 +251,7 @@ def _visible(n: int, s_q: int, i: int, tree_mask: torch.Tensor | None, causal: b
     return torch.ones(n, dtype=torch.bool)
 
 
-def _planted_targets(visible: torch.Tensor, page_size: int, owners: torch.Tensor, world: int) -> list[int]:
+def _planted_targets(visible: torch.Tensor, page_size: int, owner_of: list[int], world: int) -> list[int]:
     """Positions worth a head's dominant token, in order: the newest visible token, the first, the
     tokens either side of the first page boundary, the first token of every DCP rank (so every
     rank dominates some head). Heads cycle through them; a head past them takes a random one."""
@@ -259,10 +259,10 @@ def _planted_targets(visible: torch.Tensor, page_size: int, owners: torch.Tensor
     if not idx:
         return []
     wanted = [idx[-1], idx[0], page_size - 1, page_size, *(idx[len(idx) // 2:len(idx) // 2 + 1])]
-    for r in range(world):
-        mine = [p for p in idx if int(owners[p]) == r]
-        if mine:
-            wanted.append(mine[0])
+    first_of_rank: dict[int, int] = {}
+    for p in idx:
+        first_of_rank.setdefault(owner_of[p], p)
+    wanted += [first_of_rank[r] for r in range(world) if r in first_of_rank]
     seen: list[int] = []
     for p in wanted:
         if p in idx and p not in seen:
@@ -306,6 +306,7 @@ def gen_planted_q(
         keys = rows.permute(1, 0, 2).contiguous()  # [h_kv, n, d_qk]
         norms2 = (keys * keys).sum(-1)  # [h_kv, n]
         owners = (torch.arange(n) // interleave) % world
+        owner_of = owners.tolist()
         lowering: dict[tuple[int, int, bytes], torch.Tensor] = {}  # (kv head, rank, visible set) -> direction
         for i in range(s_q):
             vis = _visible(n, s_q, i, tree_mask[r_i] if tree_mask is not None else None, causal)  # [n]
@@ -313,7 +314,7 @@ def gen_planted_q(
             hidden = (~vis).nonzero().flatten()
             rms = norms2[:, vis_idx if vis_idx.numel() else slice(None)].mean(-1).sqrt().clamp(min=1e-30)  # [h_kv]
             v = z[r_i, i].to(torch.float64) * (profile.spread / (softmax_scale * rms[kv_of]))[:, None]  # [h_q, d]
-            targets = _planted_targets(vis, page_size, owners, world)
+            targets = _planted_targets(vis, page_size, owner_of, world)
             if not targets:  # this query sees nothing: its logits do not matter
                 q[r_i, i] = v
                 continue

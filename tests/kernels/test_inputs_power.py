@@ -16,7 +16,7 @@ import torch
 from pytest_mla.core.models import BUILTIN_MODELS
 from pytest_mla.kernels.compare import FP8_DOT_TOLERANCES, TOLERANCES, Tolerance, check_close
 from pytest_mla.kernels.inputs import DISCRIMINATING, gen_decode_inputs
-from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power, output_magnitude
+from pytest_mla.kernels.power import PLANTED_FAULTS, measure_power, measure_power_and_magnitude, output_magnitude
 from pytest_mla.kernels.reference import ref_gather, ref_merge, ref_mla_decode
 
 V3 = BUILTIN_MODELS["deepseek-v3"]
@@ -50,6 +50,17 @@ def test_planted_target_holds_its_share_and_the_newest_first_and_page_tokens_dom
     assert ((spread - DISCRIMINATING.spread).abs() < 0.3 * DISCRIMINATING.spread).all(), spread
     assert (logits_of(x, 1, 0).std(-1) > 1.0).all()  # realistic logits (std 1-3), not ~0.02
     assert probs[:, :].shape == (16, 90) and torch.equal(x.q[2].float(), x.q[2].float())
+
+
+def test_heads_cycle_through_the_planted_positions_in_order_with_each_dcp_rank_s_first_token():
+    # 40 tokens, pages of 8, DCP 3 with interleave 4 (rank (p // 4) % 3): the positions, in order,
+    # are the newest (39), the first (0), either side of the first page boundary (7, 8), the middle
+    # token (20) and each rank's first token not already named (rank 1: 4; ranks 0 and 2 start at 0
+    # and 8). Heads 0-5 take them in turn, 6-11 random ones, 12-15 start over.
+    x = mla([40], dcp=(3, 4), page=8, seed=5)
+    dominant = logits_of(x, 0, 0).argmax(-1).tolist()  # [16]
+    assert dominant[:6] == [39, 0, 7, 8, 20, 4], dominant
+    assert dominant[12:] == [39, 0, 7, 8], dominant
 
 
 def test_flat_queries_are_flat():
@@ -226,3 +237,20 @@ def test_a_seeded_case_draws_the_same_queries_every_time():
     kwargs = dict(s_q=1, h_q=8, d_qk=64, d_v=64, h_kv=2, mla=False, page_size=16, dcp=(4, 1), dtype="fp32")
     draws = [gen_decode_inputs([700, 333], seed=1, **kwargs).q for _ in range(3)]
     assert all(torch.equal(draws[0], q) for q in draws[1:])
+
+
+def test_the_power_measurement_hands_the_check_the_same_magnitude():
+    """``measure_power_and_magnitude``: the power record of ``measure_power`` and the magnitude
+    (attention over |V|, computed here from the logits; 0 for a request with no tokens), equal bit
+    for bit to ``output_magnitude``'s under a tree and DCP, so the check's verdicts cannot move."""
+    x = mla([90, 0], seed=5)
+    power, magnitude = measure_power_and_magnitude(x, BF16)
+    assert power == measure_power(x, BF16)
+    k = ref_gather(x.kv_cache, x.block_table[0], 90).to(torch.float64)
+    expect = torch.softmax(logits_of(x, 0, 0), -1) @ k[:, 0, :512].abs()
+    assert torch.allclose(magnitude[0, 0], expect, rtol=1e-9, atol=1e-12)
+    assert not magnitude[1].any()
+    x = mla([13, 150], s_q=13, spec_topk=4, spec_steps=3, seed=6, dcp=(4, 1))
+    power, magnitude = measure_power_and_magnitude(x, BF16, dcp=(4, 1))
+    assert power == measure_power(x, BF16, dcp=(4, 1))
+    assert torch.equal(magnitude, output_magnitude(x))
