@@ -162,6 +162,15 @@ class SGLangBackendTemplate(Template):
             "stand-in, marked 'Stand-in' below. Without a GPU, Triton runs under its interpreter.",
             "",
         ]
+        kv_scale = ctx.kernel.get("kv_scale")
+        if kv_scale not in (None, 1, 1.0) and str((ctx.kernel.get("case") or {}).get("kv_dtype")) != "auto":
+            lines += [
+                f"It needs a checkpoint whose quantization config carries calibrated KV scales: the script sets "
+                f"k_scale = v_scale = {float(kv_scale):g} on the attention layers as SGLang's loader would, and "
+                "writes the cached fp8 rows both ways SGLang's write paths store them (K / k_scale and K); the bug "
+                "reproduces if the backend reads neither back right.",
+                "",
+            ]
         if ctx.kernel.get("level") == "emulated":
             lines += [
                 f"The matrix found it at level 'emulated': SGLang's {decode} ran on a CPU stated to it as a CUDA "
