@@ -176,12 +176,12 @@ class MatrixRun:
             return
         except AdapterError as exc:  # the adapter's own failure: never reported as the engine's refusal
             outcome = Outcome.from_exception(exc, crashed=True)
-            record["traceback"] = "".join(traceback.format_exception(exc, limit=-8))
+            record["traceback"] = portable_traceback(exc)
         except engine.refusal_errors as exc:
             outcome = Outcome.from_exception(exc)
         except Exception as exc:
             outcome = Outcome.from_exception(exc, crashed=True)
-            record["traceback"] = "".join(traceback.format_exception(exc, limit=-8))
+            record["traceback"] = portable_traceback(exc)
         verdict, reason = judge(expect, outcome)
         record["outcome"] = outcome.as_dict()
         if configured is not None and configured.notes:
@@ -388,3 +388,19 @@ def _timed(record: CellRecord, start: float) -> CellRecord:
 
 #: The run object of this process (controller or worker), beside the class it holds.
 run_key = pytest.StashKey[MatrixRun]()
+
+
+def portable_traceback(exc: BaseException, limit: int = -8) -> str:
+    """The last ``limit`` frames of ``exc``'s traceback, with the interpreter's library folders shown as
+    ``<site-packages>/`` / ``<prefix>/`` and the working directory dropped: a result file records what
+    happened, not where this checkout or its venv lives (the same run elsewhere writes the same file)."""
+    import sys
+    import sysconfig
+
+    text = "".join(traceback.format_exception(exc, limit=limit))
+    prefixes = {sysconfig.get_paths()[k]: "<site-packages>" for k in ("purelib", "platlib")}
+    prefixes.update({sys.prefix: "<prefix>", sys.base_prefix: "<prefix>", os.getcwd(): ""})
+    for path in sorted(prefixes, key=len, reverse=True):  # the longest (most specific) first
+        name = prefixes[path]
+        text = text.replace(path.rstrip(os.sep) + os.sep, f"{name}/" if name else "")
+    return text

@@ -1,5 +1,6 @@
 """The plugin end to end: real pytest sessions through pytester."""
 
+import os
 import subprocess
 import sys
 
@@ -105,6 +106,9 @@ def test_wrong_type_and_unexpected_refusal_and_crash(liar):
     assert boom["verdict"] == "error"
     assert boom["reason"] == "engine crashed: RuntimeError: engine blew up"
     assert "RuntimeError" in boom["traceback"]
+    # where this checkout and its interpreter live is no fact of the run: the file is the same elsewhere
+    assert str(liar.path) not in boom["traceback"] and sys.prefix + os.sep not in boom["traceback"]
+    assert 'File "' in boom["traceback"] and "engine blew up" in boom["traceback"]
 
 
 def test_xfail_rule_marks_known_bugs_and_xpass_is_reported(liar):
