@@ -187,6 +187,12 @@ TWICE_CONFTEST = '''
 import os, signal, threading, time
 from pytest_mla.engines.protocol import Configured
 
+# A terminal's Ctrl-C reaches a process whose SIGINT is the default. A job a non-interactive shell put in
+# the background inherits SIGINT ignored (and Python then never raises KeyboardInterrupt): where this test
+# runs so, its pytest (the controller under xdist) takes the default back, as an interactive one has it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and "PYTEST_XDIST_WORKER" not in os.environ:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 class Twice:
     name = "twice"
