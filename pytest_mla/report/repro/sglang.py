@@ -90,8 +90,7 @@ class SGLangBackendTemplate(Template):
         # Triton's kernels round q and P to an fp8 cache's dtype (its looser table); the others do not
         default = TOLERANCES.get(kv, TOLERANCES["auto"]) if decode == "TritonAttnBackend" else TOLERANCES["auto"]
         tolerance = (ctx.kernel.get("tolerance") or {}).get("out") or default
-        kv_scale = ctx.kernel.get("kv_scale")
-        kv_scale = float(kv_scale) if kv_scale not in (None, 1, 1.0) and kv != "auto" else None
+        kv_scale = _kv_scale(ctx)
         conventions = ["scaled", "raw"] if kv_scale is not None and case.get("mla") else ["scaled"]
         speculative = None
         if spec.enabled:
@@ -162,8 +161,8 @@ class SGLangBackendTemplate(Template):
             "stand-in, marked 'Stand-in' below. Without a GPU, Triton runs under its interpreter.",
             "",
         ]
-        kv_scale = ctx.kernel.get("kv_scale")
-        if kv_scale not in (None, 1, 1.0) and str((ctx.kernel.get("case") or {}).get("kv_dtype")) != "auto":
+        kv_scale = _kv_scale(ctx)
+        if kv_scale is not None:
             lines += [
                 f"It needs a checkpoint whose quantization config carries calibrated KV scales: the script sets "
                 f"k_scale = v_scale = {float(kv_scale):g} on the attention layers as SGLang's loader would, and "
@@ -199,6 +198,13 @@ _CLASSES = {"triton": ("TritonAttnBackend",) * 2, "torch_native": ("TorchNativeA
             "flashinfer": ("FlashInferMLAAttnBackend", "FlashInferAttnBackend"),
             "fa3": ("FlashAttentionBackend",) * 2, "flashmla": ("FlashMLABackend",) * 2,
             "trtllm_mla": ("TRTLLMMLABackend",) * 2, "cutedsl_mla": ("CuteDslMLABackend",) * 2}
+
+
+def _kv_scale(ctx: Context) -> float | None:
+    """The calibrated k_scale of a cell's fp8 cache (None: no fp8 cache, or a checkpoint without KV scales)."""
+    kv_scale = ctx.kernel.get("kv_scale")
+    kv = str((ctx.kernel.get("case") or {}).get("kv_dtype"))
+    return float(kv_scale) if kv_scale not in (None, 1, 1.0) and kv != "auto" else None
 
 
 def _decode_class(ctx: Context) -> str | None:
