@@ -1,4 +1,4 @@
-"""FlashMLA dense decode, emulated in float64: sgl-flash-mla 1.0.0's Python API and vLLM's ``_flashmla_C`` ops.
+"""FlashMLA dense decode, emulated in float64: sgl-flash-mla 1.0.0's and sglang-kernel's Python APIs, vLLM's ops.
 
 Emulated callables (see ``EMULATIONS`` at the bottom):
 
@@ -6,6 +6,13 @@ Emulated callables (see ``EMULATIONS`` at the bottom):
   ``flash_mla:flash_mla_with_kvcache`` and the ``FlashMLASchedMeta`` class as
   sgl-flash-mla 1.0.0 defines them (``flash_mla/flash_mla_interface.py`` in
   its wheel), the dense paths only;
+* ``sgl_kernel.flash_mla:get_mla_metadata`` and
+  ``sgl_kernel.flash_mla:flash_mla_with_kvcache`` as sglang-kernel 0.4.9 and
+  0.4.10 define them (``sgl_kernel/flash_mla.py`` in their wheels, the same
+  file; SGLang 0.5.22 calls them): metadata given as tensors (the legacy
+  ``get_mla_decoding_metadata[_dense_fp8]`` schedule, the bf16 op
+  ``fwd_kvcache_mla`` or, for an fp8 query, ``fwd_kvcache_mla_fp8``) or as a
+  ``FlashMLASchedMeta`` (``dense_decode_fwd``), the dense paths only;
 * vLLM 0.34.0's compiled ops under its vendored interface
   (``vllm/third_party/flashmla/flash_mla_interface.py``,
   ``vllm/v1/attention/ops/flashmla.py``): ``torch.ops._flashmla_C.dense_decode_fwd``,
@@ -71,6 +78,8 @@ __all__ = [
     "get_mla_decoding_metadata",
     "get_mla_decoding_metadata_dense_fp8",
     "get_mla_metadata",
+    "sgl_kernel_flash_mla_with_kvcache",
+    "sgl_kernel_get_mla_metadata",
 ]
 
 PAGE_BLOCK_SIZE = 64
@@ -320,6 +329,107 @@ def flash_mla_with_kvcache(
     return out, lse
 
 
+# --------------------------------------------------------------------------------------------
+# sglang-kernel's flash_mla module (0.4.9 / 0.4.10): the same kernels behind an older Python API
+# --------------------------------------------------------------------------------------------
+
+
+def sgl_kernel_get_mla_metadata(
+    cache_seqlens: Optional[torch.Tensor] = None,
+    num_q_tokens_per_head_k: Optional[int] = None,
+    num_heads_k: Optional[int] = None,
+    num_heads_q: Optional[int] = None,
+    is_fp8_kvcache: bool = False,
+    topk: Optional[int] = None,
+):
+    """``sgl_kernel.flash_mla.get_mla_metadata``: tensors for given lengths, else an empty ``FlashMLASchedMeta``."""
+    if cache_seqlens is None:
+        return FlashMLASchedMeta(), None
+    assert num_q_tokens_per_head_k is not None
+    assert num_heads_k is not None
+    if topk is not None:
+        raise OutOfContractError("topk", "sparse decoding schedules are not modelled")
+    if is_fp8_kvcache:  # the wheel: get_mla_decoding_metadata_dense_fp8 when topk is None
+        return get_mla_decoding_metadata_dense_fp8(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
+    _check_lengths(cache_seqlens)
+    return _schedule(cache_seqlens, False)
+
+
+def sgl_kernel_flash_mla_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    head_dim_v: int,
+    tile_scheduler_metadata,
+    num_splits: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    descale_q: Optional[torch.Tensor] = None,
+    descale_k: Optional[torch.Tensor] = None,
+    is_fp8_kvcache: bool = False,
+    indices: Optional[torch.Tensor] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices_in_kvcache: Optional[torch.Tensor] = None,
+    topk_length: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+    kv_format: Optional[str] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sgl_kernel.flash_mla.flash_mla_with_kvcache``, dense decode only; ``(out, lse)``.
+
+    The wheel's own assertions are kept in its order. Tensor metadata: an
+    fp8 query (``element_size() == 1``) goes to the dense fp8 op with the
+    descales, any other to the bf16 op, both with the schedule the caller
+    built (``is_fp8_kvcache`` with a bf16 query is that op's sparse/packed
+    cache mode: not modelled). ``FlashMLASchedMeta``: the first call fixes the
+    shapes, later calls must match them, and the schedule is (re)built by
+    the op as ``dense_decode_fwd`` does.
+    """
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+    for flag, value in (("indices", indices), ("attn_sink", attn_sink), ("extra_k_cache", extra_k_cache),
+                        ("extra_indices_in_kvcache", extra_indices_in_kvcache), ("topk_length", topk_length),
+                        ("extra_topk_length", extra_topk_length)):
+        if value is not None:
+            raise OutOfContractError(flag, "sparse decoding is not modelled")
+    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
+        sched = tile_scheduler_metadata
+        assert num_splits is None, "num_splits must be None with FlashMLASchedMeta"
+        shape = (q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2], causal, is_fp8_kvcache)
+        if not sched.have_initialized:
+            sched.have_initialized = True
+            sched.config = FlashMLASchedMeta.Config(*shape, topk=None, extra_page_block_size=None, extra_topk=None,
+                                                    enable_batch_invariant=False)
+        else:
+            c = sched.config
+            assert c is not None
+            assert (c.b, c.s_q, c.h_q, c.page_block_size, c.h_k, c.causal, c.is_fp8_kvcache) == shape, (
+                " Input arguments are inconsistent with FlashMLASchedMeta. Reuse a "
+                "scheduler only for matching tensor shapes and sparse settings.")
+        assert kv_format is None, "kv_format only applies to sparse attention"
+        assert block_table is not None and cache_seqlens is not None
+        out, lse, sched.tile_scheduler_metadata, sched.num_splits = dense_decode_fwd(
+            q, k_cache, head_dim_v, cache_seqlens, block_table, softmax_scale, causal,
+            sched.tile_scheduler_metadata, sched.num_splits)
+        return out, lse
+    assert num_splits is not None
+    assert block_table is not None
+    assert cache_seqlens is not None
+    assert (descale_q is None) == (descale_k is None), (
+        "descale_q and descale_k should be both None or both not None")
+    assert kv_format is None, "kv_format only applies to sparse attention"
+    if q.element_size() == 1:
+        return fwd_kvcache_mla_fp8(q, k_cache, head_dim_v, cache_seqlens, block_table, softmax_scale, causal,
+                                   tile_scheduler_metadata, num_splits, descale_q, descale_k)
+    if is_fp8_kvcache:
+        raise OutOfContractError("is_fp8_kvcache", "with a 16-bit query (the op's packed fp8 cache) is not modelled")
+    if descale_q is not None:
+        raise OutOfContractError("descale_q", "the bf16 op takes no descales")
+    _check_schedule(tile_scheduler_metadata, num_splits, cache_seqlens, False)
+    return _dense_decode(q, k_cache, head_dim_v, cache_seqlens, block_table, softmax_scale, causal)
+
+
 #: The real callable each emulation stands in for ("module:qualname") -> the emulation.
 EMULATIONS = {
     "flash_mla:get_mla_metadata": get_mla_metadata,
@@ -329,4 +439,6 @@ EMULATIONS = {
     "torch.ops._flashmla_C:dense_decode_fwd": dense_decode_fwd,
     "torch.ops._flashmla_extension_C:fwd_kvcache_mla_fp8": fwd_kvcache_mla_fp8,
     "torch.ops._flashmla_extension_C:get_mla_decoding_metadata_dense_fp8": get_mla_decoding_metadata_dense_fp8,
+    "sgl_kernel.flash_mla:get_mla_metadata": sgl_kernel_get_mla_metadata,
+    "sgl_kernel.flash_mla:flash_mla_with_kvcache": sgl_kernel_flash_mla_with_kvcache,
 }

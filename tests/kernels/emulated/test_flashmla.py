@@ -183,3 +183,72 @@ def test_the_wheels_own_assertions_are_kept():
         flashmla.flash_mla_with_kvcache(case.q, case.kv_cache, case.block_table, case.cache_seqlens, 512,
                                         flashmla.FlashMLASchedMeta(), torch.zeros(2, dtype=torch.int32),
                                         use_legacy=True)
+
+
+# sglang-kernel's module (SGLang 0.5.22): tensor metadata from get_mla_metadata, the legacy ops behind it
+
+
+def run_sgl_kernel(case, *, causal=True, fp8=False, descale_q=None, descale_k=None, q=None):
+    sched, splits = flashmla.sgl_kernel_get_mla_metadata(case.cache_seqlens, case.q.shape[1] * case.q.shape[2], 1,
+                                                         is_fp8_kvcache=fp8)
+    assert sched.dtype == torch.int32 and splits.dtype == torch.int32 and splits.numel() == case.q.shape[0] + 1
+    return flashmla.sgl_kernel_flash_mla_with_kvcache(case.q if q is None else q, case.kv_cache, case.block_table,
+                                                      case.cache_seqlens, 512, sched, splits,
+                                                      softmax_scale=case.softmax_scale, causal=causal,
+                                                      descale_q=descale_q, descale_k=descale_k)
+
+
+@pytest.mark.parametrize("seqlens,s_q", CASES, ids=[f"{s}-sq{q}" for s, q in CASES])
+def test_sgl_kernel_tensor_metadata_matches_reference(seqlens, s_q):
+    case = make_case(seqlens, s_q=s_q, seed=20 + s_q)
+    out, lse = run_sgl_kernel(case)
+    ref_out, ref_lse = reference(case)
+    assert out.dtype == case.q.dtype
+    assert_close("out", out, ref_out, TOL)
+    assert_close("lse", lse, natural_with(ref_lse, math.inf), LSE_TOL)
+
+
+@pytest.mark.parametrize("kv_scale", [1.0, 0.25])
+def test_sgl_kernel_fp8_query_takes_the_dense_fp8_op_with_its_descales(kv_scale):
+    case = make_case([0, 1, 70, 129], s_q=2, kv_dtype="fp8_e4m3", kv_scale=kv_scale, seed=21)
+    q_fp8 = case.q.to(torch.float8_e4m3fn)
+    assert torch.equal(q_fp8.double(), case.q.double())
+    out, lse = run_sgl_kernel(case, fp8=True, q=q_fp8, descale_q=torch.tensor([1.0]),
+                              descale_k=torch.tensor([case.kv_scale]))
+    ref_out, ref_lse = reference(case)
+    assert out.dtype == torch.bfloat16
+    assert_close("out", out, ref_out, TOL)
+    assert_close("lse", lse, natural_with(ref_lse, math.inf), LSE_TOL)
+
+
+def test_sgl_kernel_schedule_is_checked_against_the_calls_lengths():
+    case = make_case([40, 129], seed=22)
+    sched, splits = flashmla.sgl_kernel_get_mla_metadata(case.cache_seqlens + 1, 16, 1)
+    with pytest.raises(OutOfContractError, match="^tile_scheduler_metadata: built for other cache_seqlens"):
+        flashmla.sgl_kernel_flash_mla_with_kvcache(case.q, case.kv_cache, case.block_table, case.cache_seqlens,
+                                                   512, sched, splits, softmax_scale=case.softmax_scale, causal=True)
+    sched, splits = flashmla.sgl_kernel_get_mla_metadata(case.cache_seqlens, 16, 1, is_fp8_kvcache=True)
+    with pytest.raises(OutOfContractError, match="^tile_scheduler_metadata: built for the other kernel"):
+        flashmla.sgl_kernel_flash_mla_with_kvcache(case.q, case.kv_cache, case.block_table, case.cache_seqlens,
+                                                   512, sched, splits, softmax_scale=case.softmax_scale, causal=True)
+
+
+def test_sgl_kernel_sched_meta_path_and_the_wheels_assertions():
+    case = make_case([5, 70], s_q=2, seed=23)
+    meta, none = flashmla.sgl_kernel_get_mla_metadata()
+    assert isinstance(meta, flashmla.FlashMLASchedMeta) and none is None
+    out, _ = flashmla.sgl_kernel_flash_mla_with_kvcache(case.q, case.kv_cache, case.block_table, case.cache_seqlens,
+                                                        512, meta, softmax_scale=case.softmax_scale, causal=True)
+    assert_close("out", out, reference(case)[0], TOL)
+    with pytest.raises(AssertionError, match="inconsistent with FlashMLASchedMeta"):
+        flashmla.sgl_kernel_flash_mla_with_kvcache(case.q, case.kv_cache, case.block_table, case.cache_seqlens,
+                                                   512, meta, softmax_scale=case.softmax_scale, causal=False)
+    sched, splits = flashmla.sgl_kernel_get_mla_metadata(case.cache_seqlens, 16, 1)
+    with pytest.raises(AssertionError, match="descale_q and descale_k should be both None or both not None"):
+        flashmla.sgl_kernel_flash_mla_with_kvcache(case.q, case.kv_cache, case.block_table, case.cache_seqlens,
+                                                   512, sched, splits, descale_q=torch.tensor([1.0]))
+    with pytest.raises(OutOfContractError, match="^topk: "):
+        flashmla.sgl_kernel_get_mla_metadata(case.cache_seqlens, 16, 1, topk=64)
+    with pytest.raises(OutOfContractError, match="^indices: "):
+        flashmla.sgl_kernel_flash_mla_with_kvcache(case.q, case.kv_cache, None, None, 512, sched, splits,
+                                                   indices=torch.zeros(1, 1, 64, dtype=torch.int32))

@@ -64,6 +64,24 @@ def test_flashmla_dense_decode(seqlens, s_q):
     agree("lse", lse, emu_lse, LSE_TOL)
 
 
+@pytest.mark.parametrize("seqlens,s_q", CASES)
+def test_sgl_kernel_flash_mla_tensor_metadata(seqlens, s_q):
+    """sglang-kernel's flash_mla module (SGLang 0.5.22's FlashMLA): tensor schedule, the legacy bf16 op."""
+    sgl_flash_mla = real("sgl_kernel.flash_mla")
+    case = make_case(seqlens, s_q=s_q, page_size=64, seed=92 + s_q)
+    gpu = case.to("cuda")
+    results = []
+    for module, c in ((sgl_flash_mla, gpu), (None, case)):
+        get = module.get_mla_metadata if module else flashmla.sgl_kernel_get_mla_metadata
+        run = module.flash_mla_with_kvcache if module else flashmla.sgl_kernel_flash_mla_with_kvcache
+        sched, splits = get(c.cache_seqlens, s_q * 16, 1)
+        results.append(run(c.q, c.kv_cache, c.block_table, c.cache_seqlens, 512, sched, splits,
+                           softmax_scale=case.softmax_scale, causal=True))
+    (out, lse), (emu_out, emu_lse) = results
+    agree("out", out, emu_out, OUT_TOL)
+    agree("lse", lse, emu_lse, LSE_TOL)
+
+
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 @pytest.mark.parametrize("seqlens,s_q,causal", [([0, 1, 70, 129], 1, False), ([4, 9, 70], 4, True)])
 def test_flashinfer_mla_wrapper(backend, seqlens, s_q, causal):
