@@ -176,10 +176,11 @@ def test_baseline_slice_every_accepted_cell_is_verified_emulated_or_a_declared_f
     assert fp8 and all(c["kernel"].get("kv_convention") in ("scaled", "raw") for c in fp8), fp8
 
 
-def test_faults_in_sglangs_code_around_an_emulated_kernel_fail_its_cells():
+@pytest.mark.parametrize("venv", [".venv-sglang", ".venv-sglang-0.5.22"])  # sgl-flash-mla; sglang-kernel's flash_mla
+def test_faults_in_sglangs_code_around_an_emulated_kernel_fail_its_cells(venv):
     """The emulated level checks SGLang's own code: a wrong scale handed to FlashMLA fails the cell,
     and the same check passes again once the fault is gone (one process, the emulations reinstalled)."""
-    rows = drive(".venv-sglang", "none:v2lite-decode-flashmla", "flashmla-scale-x1.05:v2lite-decode-flashmla",
+    rows = drive(venv, "none:v2lite-decode-flashmla", "flashmla-scale-x1.05:v2lite-decode-flashmla",
                  "none:v2lite-decode-flashmla")
     assert rows["none:v2lite-decode-flashmla"]["status"] == "verified", rows
     fault = rows["flashmla-scale-x1.05:v2lite-decode-flashmla"]
