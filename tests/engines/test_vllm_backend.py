@@ -122,6 +122,21 @@ def test_faults_in_vllms_code_around_emulated_kernels_fail_the_cells_they_touch(
     assert rows["library-present:v2lite-flashmla-dcp2-chain"]["level"] == "emulated"  # MLA prefill: 576-wide heads
 
 
+def test_tokenspeed_mla_runs_around_its_emulated_kernel_and_a_wrong_lse_base_fails_it():
+    """TOKENSPEED_MLA + DCP: vLLM's impl, its DCP merge, TokenSpeed's decode emulated (base-2 LSE); an impl that
+    declares the LSE natural-log (vLLM PR 47079's bug class) and a merge reading the other base both fail."""
+    rows = drive(".venv-vllm", "none:v3-tokenspeed-dcp2", "tokenspeed-lse-natural:v3-tokenspeed-dcp2",
+                 "merge-lse-base-swapped:v3-tokenspeed-dcp2")
+    clean = rows["none:v3-tokenspeed-dcp2"]
+    assert clean["status"] == "verified" and clean["level"] == "emulated", clean
+    assert "tokenspeed_mla:tokenspeed_mla_decode" in clean["emulated"], clean
+    assert clean["variants"] == ["verified", "verified"]  # k_scale 1 and a calibrated-style k_scale
+    assert MERGE in clean["functions"]
+    for scenario in ("tokenspeed-lse-natural:v3-tokenspeed-dcp2", "merge-lse-base-swapped:v3-tokenspeed-dcp2"):
+        assert rows[scenario]["status"] == "failed" and not rows[scenario]["finding"], rows[scenario]
+        assert rows[scenario]["message"].startswith("out: "), rows[scenario]
+
+
 def test_matrix_kernel_checks_against_the_real_engine(tmp_path):
     """Through pytest: TRITON_MLA cells verified on vLLM's Triton kernels, its DCP + verify and FLASHMLA emulated."""
     python = venv_python(".venv-vllm")

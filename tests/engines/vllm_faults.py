@@ -24,6 +24,9 @@ Faults (what a buggy release could ship):
 * ``flashmla-k-descale-ignored``: vLLM's FlashMLA FP8 entry point
   (``vllm.v1.attention.ops.flashmla.flash_mla_with_kvcache_fp8``) passes a K
   descale of 1 whatever the layer's ``_k_scale``.
+* ``tokenspeed-lse-natural``: vLLM's ``TokenspeedMLAImpl`` declares its
+  kernel's LSE natural-log (``lse_base_on_e = True``; TokenSpeed's is base 2),
+  so the DCP merge weighs the ranks wrongly (vLLM PR 47079's bug class).
 * ``library-present`` (not a fault): FlashMLA's compiled op is present, as
   on a GPU host (see ``library_present``): the check runs at level
   ``backend`` with nothing emulated.
@@ -62,6 +65,7 @@ CASES = {
     "v2lite-flashmla-fp8": ("deepseek-v2-lite", "FLASHMLA", "none", 1, "fp8", 64),
     "v2lite-flashmla-dcp2-chain": ("deepseek-v2-lite", "FLASHMLA", "eagle-1x3", 2, "auto", 64),
     "v2lite-flashinfer-dcp2": ("deepseek-v2-lite", "FLASHINFER_MLA", "none", 2, "auto", 64, "sm100"),
+    "v3-tokenspeed-dcp2": ("deepseek-v3", "TOKENSPEED_MLA", "none", 2, "fp8", 64, "sm100"),
     "v2lite-triton-dcp2-chain": ("deepseek-v2-lite", "TRITON_MLA", "eagle-1x3", 2, "auto", 16),
     # GQA models on the backend `auto` resolves on SM90 (FLASH_ATTN)
     "llama-flash-attn-fp8": ("llama-3.1-8b", "auto", "eagle-1x3", 1, "fp8", 64),
@@ -115,6 +119,13 @@ def _descale_fault(original: Any) -> Any:
     return flash_mla_with_kvcache_fp8
 
 
+def _tokenspeed_lse_natural(original: Any) -> Any:
+    class TokenspeedMLAImpl(original):  # the impl declares its kernel's LSE natural-log (it is base 2)
+        lse_base_on_e = True
+
+    return TokenspeedMLAImpl
+
+
 def _prefill_merge_fault(original: Any) -> Any:
     def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, *args, **kwargs):
         import torch
@@ -137,6 +148,8 @@ FAULTS = {
     "flashmla-scale-x1.05": ("vllm.third_party.flashmla.flash_mla_interface", "flash_mla_with_kvcache",
                              _scale_fault),
     "flashmla-k-descale-ignored": ("vllm.v1.attention.ops.flashmla", "flash_mla_with_kvcache_fp8", _descale_fault),
+    "tokenspeed-lse-natural": ("vllm.v1.attention.backends.mla.tokenspeed_mla", "TokenspeedMLAImpl",
+                               _tokenspeed_lse_natural),
     "prefill-merge-equal-weights": ("vllm.v1.attention.ops.merge_attn_states", "merge_attn_states",
                                     _prefill_merge_fault),
 }

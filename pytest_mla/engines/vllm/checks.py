@@ -710,9 +710,7 @@ def _combine_name(combine: Any) -> str:
 # ---- what configure() declares --------------------------------------------------------------------
 
 #: vLLM MLA backends whose kernels have no check yet: the compiled callable each decode calls.
-GPU_BACKENDS = {
-    "TOKENSPEED_MLA": "tokenspeed_mla:tokenspeed_mla_decode",
-}
+GPU_BACKENDS: dict[str, str] = {}
 
 
 def backend_name(path: str) -> str:

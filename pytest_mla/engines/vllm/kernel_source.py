@@ -35,6 +35,8 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
                        "flashinfer.utils:get_trtllm_gen_multi_ctas_kv_counter_bytes"),
     "CUTLASS_MLA": ("vllm._custom_ops:sm100_cutlass_mla_decode",
                     "vllm._custom_ops:sm100_cutlass_mla_get_workspace_size"),
+    "TOKENSPEED_MLA": ("tokenspeed_mla:tokenspeed_mla_decode", "tokenspeed_mla:get_num_sm",
+                       "tokenspeed_mla:warmup_compile_prefill"),
     # GQA models (``checks.run_attn``)
     "TRITON_ATTN": (),
     "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
@@ -53,6 +55,7 @@ DECODE_FUNCTIONS = {
     "FLASH_ATTN_MLA": "vllm.v1.attention.backends.mla.flashattn_mla:FlashAttnMLAImpl.forward_mqa",
     "FLASHINFER_MLA": "vllm.v1.attention.backends.mla.flashinfer_mla:FlashInferMLAImpl.forward_mqa",
     "CUTLASS_MLA": "vllm.v1.attention.backends.mla.cutlass_mla:CutlassMLAImpl.forward_mqa",
+    "TOKENSPEED_MLA": "vllm.v1.attention.backends.mla.tokenspeed_mla:TokenspeedMLAImpl.forward_mqa",
 }
 PREFILL_FUNCTION = "vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha"
 #: What each real entry point needs loaded: (torch.ops namespace, op) or a Python module.
@@ -61,6 +64,7 @@ _REAL_OPS = {
     "FLASH_ATTN_MLA": (("_vllm_fa3_C", "fwd"),),
     "FLASHINFER_MLA": ("flashinfer.decode",),
     "CUTLASS_MLA": (("_C", "sm100_cutlass_mla_decode"),),
+    "TOKENSPEED_MLA": ("tokenspeed_mla",),
     "TRITON_MLA": (),
     "TRITON_ATTN": (),
     "FLASH_ATTN": (("_vllm_fa3_C", "fwd"),),
