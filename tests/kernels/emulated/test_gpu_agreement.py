@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pytest_mla.kernels.compare import TOLERANCES, check_close
-from pytest_mla.kernels.emulated import cutlass_mla, flash_attn, flashinfer, flashmla
+from pytest_mla.kernels.emulated import cutlass_mla, flash_attn, flashinfer, flashmla, tokenspeed
 
 from .cases import make_case
 
@@ -170,6 +170,23 @@ def test_cutlass_mla_decode():
         fn(out, lse, q[..., :512].contiguous(), q[..., 512:].contiguous(), c.kv_cache.squeeze(2), c.cache_seqlens,
            c.block_table, ws, case.softmax_scale, 1)
         results.append((out[:, :16], lse[:, :16]))
+    (out, lse), (emu_out, emu_lse) = results
+    agree("out", out, emu_out, OUT_TOL)
+    agree("lse", lse, emu_lse, LSE_TOL)
+
+
+@pytest.mark.parametrize("seqlens,s_q", CASES)
+def test_tokenspeed_mla_decode(seqlens, s_q):
+    """TokenSpeed's CuTe DSL decode (SM100) and its emulation: output and the base-2 LSE."""
+    ts = real("tokenspeed_mla", arch=100)
+    case = make_case(seqlens, s_q=s_q, page_size=64, seed=99 + s_q)
+    results = []
+    for decode, c in ((ts.tokenspeed_mla_decode, case.to("cuda")), (tokenspeed.tokenspeed_mla_decode, case)):
+        workspace = torch.zeros(256 * 1024 * 1024, dtype=torch.int8, device=c.q.device)
+        results.append(decode(query=c.q, kv_cache=c.kv_cache.squeeze(2), workspace_buffer=workspace,
+                              kv_lora_rank=512, qk_rope_head_dim=64, block_tables=c.block_table,
+                              seq_lens=c.cache_seqlens, max_seq_len=max(seqlens), softmax_scale=case.softmax_scale,
+                              return_lse=True))
     (out, lse), (emu_out, emu_lse) = results
     agree("out", out, emu_out, OUT_TOL)
     agree("lse", lse, emu_lse, LSE_TOL)
