@@ -32,6 +32,11 @@ Faults (what a buggy release could ship):
   FlashInfer's all-to-all in the other LSE base than the backend's.
 * ``fi-a2a-drops-last-rank``: the same reduce loses the last DCP rank's
   partial (its LSE sent as ``-inf``, so every receiver merges without it).
+* ``trtllm-mha-bmm1-x1.05``: SGLang's ``TRTLLMHAAttnBackend._get_bmm_scales``
+  hands FlashInfer's (emulated) decode a ``bmm1_scale`` 1.05 times too large.
+* ``trtllm-mha-xqa-mask-full``: its XQA verify mask (``_xqa_spec_dec_mask``,
+  passed by ``_run_fixed_q_len_decode``) has every bit set: each draft token
+  sees the later ones.
 
 A case is a Triton cell (checked under Triton's interpreter), or one naming a
 CUDA backend, checked at level ``emulated`` (its kernel library calls emulated)
@@ -69,6 +74,12 @@ CASES = {
     # on sm100 SGLang's DCP exchange is --dcp-comm-backend fi_a2a (FlashInfer's DCP all-to-all, emulated)
     "v2lite-flashinfer-dcp4-sm100": ("deepseek-v2-lite", "none", 4, "auto", "flashinfer", 1, "sm100"),
     "v3-flashinfer-dcp4-sm100": ("deepseek-v3", "none", 4, "auto", "flashinfer", 1, "sm100"),
+    # trtllm_mha (GQA): XQA on sm90, trtllm-gen on sm100 (FlashInfer's trtllm_batch_decode_with_kv_cache)
+    "llama-decode-trtllm-mha-sm90": ("llama-3.1-8b", "none", 1, "auto", "trtllm_mha", 64, "sm90"),
+    "llama-chain-trtllm-mha-sm90": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "trtllm_mha", 64, "sm90"),
+    "llama-decode-trtllm-mha-sm100": ("llama-3.1-8b", "none", 1, "auto", "trtllm_mha", 64, "sm100"),
+    "llama-chain-trtllm-mha-sm100": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "trtllm_mha", 64, "sm100"),
+    "llama-chain-fp8-trtllm-mha-sm100": ("llama-3.1-8b", "eagle-1x3", 1, "fp8_e4m3", "trtllm_mha", 64, "sm100"),
 }
 
 
@@ -183,7 +194,28 @@ FAULTS = {
     "flashmla-scale-x1.05": ("backend:flashmla", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
     "fi-a2a-lse-base-swapped": (*_FI_A2A, _fi_a2a_base_fault),
     "fi-a2a-drops-last-rank": (*_FI_A2A, _fi_a2a_drop_fault),
+    "trtllm-mha-bmm1-x1.05": ("backend:trtllm_mha", "_get_bmm_scales", lambda f: _bmm1_scaled(f, 1.05)),
+    "trtllm-mha-xqa-mask-full": ("backend:trtllm_mha", "_run_fixed_q_len_decode", lambda f: _mask_full(f)),
 }
+
+
+def _bmm1_scaled(original: Any, factor: float) -> Any:
+    """``_get_bmm_scales`` whose ``bmm1_scale`` is ``factor`` times SGLang's."""
+    def _get_bmm_scales(self, layer, *args, **kwargs):
+        bmm1, bmm2 = original(self, layer, *args, **kwargs)
+        return bmm1 * factor, bmm2
+    return _get_bmm_scales
+
+
+def _mask_full(original: Any) -> Any:
+    """``_run_fixed_q_len_decode`` handing XQA a verify mask with every bit set (no causality in the draft)."""
+    import torch
+
+    def _run_fixed_q_len_decode(self, *args, mask=None, **kwargs):
+        if mask is not None:
+            mask = torch.full_like(mask.view(torch.int16), -1).view(torch.uint16)
+        return original(self, *args, mask=mask, **kwargs)
+    return _run_fixed_q_len_decode
 
 
 def _layer_scaled(original: Any, factor: float) -> Any:

@@ -176,6 +176,30 @@ def test_baseline_slice_every_accepted_cell_is_verified_emulated_or_a_declared_f
     assert fp8 and all(c["kernel"].get("kv_convention") in ("scaled", "raw") for c in fp8), fp8
 
 
+@pytest.mark.parametrize("venv", [".venv-sglang", ".venv-sglang-0.5.22"])
+def test_trtllm_mha_slice_is_verified_emulated_a_declared_finding_or_not_run_naming_the_flag(venv, tmp_path):
+    """Through pytest, as a user runs the matrix: Llama on trtllm_mha, both archs, DCP 1 and 4, decode and
+    chain verify, a bf16 and an e5m2 cache."""
+    python = venv_python(venv)
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=llama-3.1-8b",
+                        "--mla-select=backend=trtllm_mha", "--mla-select=kv_dtype=auto,fp8_e5m2",
+                        "--mla-select=spec=none,eagle-1x3", "--mla-select=dcp=1,4", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = [c for c in read_results(next(tmp_path.glob("sglang-*[0-9].json")))["cells"]
+             if c["outcome"]["kind"] == "accepted"]
+    assert len(cells) == 16, [c["id"] for c in cells]
+    for c in cells:
+        kernel, coords = c["kernel"], c["coords"]
+        if coords["dcp"] > 1:  # no DCP handling in TRTLLMHAAttnBackend: the declared finding
+            assert c["verdict"] == "xfail" and kernel["status"] == "failed" and kernel["finding"], (c["id"], kernel)
+            assert "level emulated" in c["expectation"]["xfail"], c["id"]
+        elif coords["kv_dtype"] == "fp8_e5m2":  # outside FlashInfer's contract: not run, the flag named
+            assert kernel["status"] == "not-run" and "kv_cache: torch.float8_e5m2" in kernel["reason"], kernel
+        else:
+            assert kernel["status"] == "verified" and kernel["level"] == "emulated", (c["id"], kernel)
+            assert kernel["emulated"][0] == "flashinfer.decode:trtllm_batch_decode_with_kv_cache", kernel
+
+
 @pytest.mark.parametrize("venv", [".venv-sglang", ".venv-sglang-0.5.22"])  # sgl-flash-mla; sglang-kernel's flash_mla
 def test_faults_in_sglangs_code_around_an_emulated_kernel_fail_its_cells(venv):
     """The emulated level checks SGLang's own code: a wrong scale handed to FlashMLA fails the cell,
@@ -231,12 +255,43 @@ def test_cuda_backends_run_at_level_emulated_off_their_gpu(backend):
         assert dict(spec.options)["arch"] == cell.arch and dict(spec.options)["emulate"]
 
 
-def test_trtllm_mha_stays_not_run_with_what_it_needs():
-    cell, model = _cell(model="llama-3.1-8b", backend="trtllm_mha", arch="sm100")
-    spec, reason = _spec(cell, model, decode_backend="trtllm_mha", num_kv_heads=8)
-    assert spec is None
-    assert reason.startswith("SGLang's trtllm_mha backend runs on a CUDA sm100 GPU with ")
-    assert reason.endswith("this host has no GPU")
+def test_trtllm_mha_runs_at_level_emulated_on_its_cells_arch():
+    """trtllm_mha's kernel is FlashInfer's trtllm_batch_decode_with_kv_cache: XQA on sm90, trtllm-gen on
+    sm100 (chosen by the arch the backend's code is shown), so each arch keeps its own check."""
+    specs = {}
+    for arch in ("sm90", "sm100"):
+        cell, model = _cell(model="llama-3.1-8b", backend="trtllm_mha", arch=arch, spec="eagle-1x3")
+        spec, reason = _spec(cell, model, decode_backend="trtllm_mha", page_size=64, num_kv_heads=8)
+        assert spec is not None and spec.level == "emulated", reason
+        assert dict(spec.options)["arch"] == arch and spec.function.endswith("TRTLLMHAAttnBackend.forward_extend")
+        specs[arch] = spec
+    assert specs["sm90"] != specs["sm100"]
+
+
+@pytest.mark.parametrize("venv", [".venv-sglang", ".venv-sglang-0.5.22"])
+def test_faults_in_sglangs_trtllm_mha_code_fail_its_cells(venv):
+    """Around the emulated FlashInfer decode: a bmm1_scale 5% off fails decode and verify on both archs;
+    a verify mask with every bit set fails sm90 (XQA reads SGLang's mask) and not sm100 (trtllm-gen
+    takes none), and the same checks verify without the faults."""
+    rows = drive(venv, "none:llama-decode-trtllm-mha-sm90", "none:llama-chain-trtllm-mha-sm90",
+                 "none:llama-chain-trtllm-mha-sm100", "none:llama-chain-fp8-trtllm-mha-sm100",
+                 "trtllm-mha-bmm1-x1.05:llama-decode-trtllm-mha-sm90",
+                 "trtllm-mha-bmm1-x1.05:llama-chain-trtllm-mha-sm100",
+                 "trtllm-mha-xqa-mask-full:llama-chain-trtllm-mha-sm90",
+                 "trtllm-mha-xqa-mask-full:llama-chain-trtllm-mha-sm100")
+    for case in ("llama-decode-trtllm-mha-sm90", "llama-chain-trtllm-mha-sm90", "llama-chain-trtllm-mha-sm100",
+                 "llama-chain-fp8-trtllm-mha-sm100"):
+        ok = rows[f"none:{case}"]
+        assert ok["status"] == "verified" and ok["level"] == "emulated", ok
+        assert "flashinfer.decode:trtllm_batch_decode_with_kv_cache" in ok["emulated"], ok
+    fused = rows["none:llama-chain-fp8-trtllm-mha-sm100"]["emulated"]
+    assert "sglang.kernels.ops.kvcache.fused_fp8_qkv_kv_cache:_jit_fused_fp8_qkv_kv_cache_module" in fused
+    for scenario in ("trtllm-mha-bmm1-x1.05:llama-decode-trtllm-mha-sm90",
+                     "trtllm-mha-bmm1-x1.05:llama-chain-trtllm-mha-sm100",
+                     "trtllm-mha-xqa-mask-full:llama-chain-trtllm-mha-sm90"):
+        fault = rows[scenario]
+        assert fault["status"] == "failed" and not fault["finding"] and fault["message"].startswith("out: "), fault
+    assert rows["trtllm-mha-xqa-mask-full:llama-chain-trtllm-mha-sm100"]["status"] == "verified"
 
 
 def test_eagle_trees_expand_at_most_topk_nodes_per_depth():

@@ -182,7 +182,7 @@ def test_bad_files_and_options_are_one_line(tmp_path, capsys):
 
 
 def test_a_finding_no_template_takes_gets_a_report_that_says_the_kernel_did_not_run(tmp_path, capsys, document):
-    """An emulated-level finding of a backend no template runs (trtllm_mha: its emulation is not inlined)."""
+    """An emulated-level finding of a backend no template runs (cutlass_mla: SGLang's checks do not emulate it)."""
     doc = json.loads(json.dumps(document))
     cell = find(doc, "deepseek-v3/flashmla/dcp4/none/sm90/kv-auto")
     cell["verdict"], cell["reason"] = "fail", "engine accepted this configuration, but its backend raised ..."
@@ -194,7 +194,7 @@ def test_a_finding_no_template_takes_gets_a_report_that_says_the_kernel_did_not_
                       "message": "engine accepted this configuration, but its backend raised RuntimeError: "
                                  "page table is not rank-local in sglang.srt.layers.attention.flashmla_backend:"
                                  "FlashMLABackend.forward_decode"}
-    cell["outcome"]["backends"] = {"decode": "TRTLLMHAAttnBackend"}
+    cell["outcome"]["backends"] = {"decode": "CutlassMLABackend"}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
     report = tmp_path / "bug.md"
@@ -205,7 +205,7 @@ def test_a_finding_no_template_takes_gets_a_report_that_says_the_kernel_did_not_
     assert "- **the kernel itself did not run**: the check ran SGLang's backend code with its kernel library's " \
            "calls replaced by float64 emulations of their contract (`sgl_kernel.flash_mla:flash_mla_with_kvcache`)" \
            in md
-    assert "No standalone reproducer yet: sglang backend: the decode backend TRTLLMHAAttnBackend at level " \
+    assert "No standalone reproducer yet: sglang backend: the decode backend CutlassMLABackend at level " \
            "'emulated' has no reproducer (this template runs TritonAttnBackend, TorchNativeAttnBackend as they are " \
            "and FlashInferMLAAttnBackend, " in md
     code, _, err = repro(capsys, path, cell["id"], "-o", tmp_path / "r.py")

@@ -79,7 +79,7 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 #: CUDA decode backends whose own code runs here around emulated kernels (``emulation``) when
 #: their GPU is not: every kernel library call they make has an emulation in ``kernels.emulated``.
-EMULATED = ("flashinfer", "fa3", "flashmla", "trtllm_mla", "cutedsl_mla")
+EMULATED = ("flashinfer", "fa3", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"

@@ -537,6 +537,9 @@ class RankSetup:
             is_hybrid_swa=False, attention_chunk_size=None, mambaish_config=None,
             max_running_requests=self.req_to_token_pool.size,
             decode_attention_backend_str=self.options["backend"],
+            # the model's modules, as trtllm_mha scans them for ENCODER_ONLY attention layers: the check's
+            # models have none (Llama's and Mllama's RadixAttention layers are decoder / cross attention)
+            model=torch.nn.Module(),
             prefill_attention_backend_str=getattr(self.published.server_args, "prefill_attention_backend", None)
             or self.options["backend"],
         )

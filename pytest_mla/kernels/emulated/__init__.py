@@ -19,8 +19,8 @@ import importlib
 from typing import Any
 
 #: The library modules, in the order their entries appear in ``EMULATIONS``.
-LIBRARY_MODULES = ("flashinfer", "flashinfer_gqa", "flashinfer_comm", "flashmla", "flash_attn", "cutlass_mla", "quant",
-                   "sglang_jit", "vllm_ops", "tokenspeed")
+LIBRARY_MODULES = ("flashinfer", "flashinfer_gqa", "flashinfer_trtllm_mha", "flashinfer_comm", "flashmla", "flash_attn",
+                   "cutlass_mla", "quant", "sglang_jit", "vllm_ops", "tokenspeed")
 
 __all__ = ["EMULATIONS", "LIBRARY_MODULES", "NOT_IN_LIBRARY", "OutOfContractError", "emulation_for"]
 

@@ -71,8 +71,8 @@ def check_dtype(flag: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype])
         raise OutOfContractError(flag, f"dtype {str(tensor.dtype).removeprefix('torch.')} is not modelled (expects {names})")
 
 
-def check_index_range(flag: str, indices: torch.Tensor, upper: int) -> None:
-    """Raise if any index lies outside ``[0, upper)``: the kernel would read memory no emulation can."""
+def check_index_range(flag: str, indices: torch.Tensor, upper: int, *, access: str = "read") -> None:
+    """Raise if any index lies outside ``[0, upper)``: the kernel would ``access`` (read, write) memory no emulation can."""
     if indices.numel() == 0:
         return
     idx = indices.to(torch.int64)
@@ -80,7 +80,7 @@ def check_index_range(flag: str, indices: torch.Tensor, upper: int) -> None:
     if bool(bad.any()):
         where = int(bad.nonzero()[0].item()) if idx.dim() == 1 else tuple(int(v) for v in bad.nonzero()[0])
         value = int(idx.flatten()[bad.flatten().nonzero()[0]].item())
-        raise OutOfRangeRead(flag, f"index {value} at {where} is outside [0, {upper}): the kernel would read "
+        raise OutOfRangeRead(flag, f"index {value} at {where} is outside [0, {upper}): the kernel would {access} "
                                        "unmapped or foreign rows")
 
 

@@ -34,7 +34,7 @@ DECODE_BACKENDS = {"TritonAttnBackend": "triton", "TorchNativeAttnBackend": "tor
 #: their kernel libraries (pytest_mla/kernels/emulated) and states the cell's GPU to SGLang.
 EMULATED_BACKENDS = {"FlashInferMLAAttnBackend": "flashinfer", "FlashInferAttnBackend": "flashinfer",
                      "FlashAttentionBackend": "fa3", "FlashMLABackend": "flashmla", "TRTLLMMLABackend": "trtllm_mla",
-                     "CuteDslMLABackend": "cutedsl_mla"}
+                     "CuteDslMLABackend": "cutedsl_mla", "TRTLLMHAAttnBackend": "trtllm_mha"}
 #: The package the inlined emulations load as inside a script (never pytest_mla: it must not be importable).
 INLINED_PACKAGE = "mla_emulations"
 #: --triton-attention-num-kv-splits of the kernel check (engines/sglang/checks.py NUM_KV_SPLITS).
@@ -232,7 +232,8 @@ BACKEND_MODULES = {"FlashInferMLAAttnBackend": "sglang.srt.layers.attention.flas
                    "FlashAttentionBackend": "sglang.srt.layers.attention.flashattention_backend",
                    "FlashMLABackend": "sglang.srt.layers.attention.flashmla_backend",
                    "TRTLLMMLABackend": "sglang.srt.layers.attention.trtllm_mla_backend",
-                   "CuteDslMLABackend": "sglang.srt.layers.attention.cutedsl_mla_backend"}
+                   "CuteDslMLABackend": "sglang.srt.layers.attention.cutedsl_mla_backend",
+                   "TRTLLMHAAttnBackend": "sglang.srt.layers.attention.trtllm_mha_backend"}
 
 
 def cuda_platform_facts(arch: str) -> dict[str, Any]:

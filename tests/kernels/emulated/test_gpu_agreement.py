@@ -190,3 +190,34 @@ def test_tokenspeed_mla_decode(seqlens, s_q):
     (out, lse), (emu_out, emu_lse) = results
     agree("out", out, emu_out, OUT_TOL)
     agree("lse", lse, emu_lse, LSE_TOL)
+
+
+@pytest.mark.parametrize("backend,arch", [("xqa", 90), ("trtllm-gen", 100)])
+@pytest.mark.parametrize("seqlens,s_q,kv_dtype", [([0, 1, 70, 129], 1, "auto"), ([4, 9, 70], 4, "auto"),
+                                                  ([5, 64, 130], 1, "fp8_e4m3")])
+def test_trtllm_batch_decode_gqa(backend, arch, seqlens, s_q, kv_dtype):
+    """FlashInfer's TRT-LLM GQA decode (SGLang's trtllm_mha): HND pages, a verify batch with XQA's causal
+    mask, an fp8 cache scaled through bmm1/bmm2; rows of an empty request stay as the poisoned out left them."""
+    decode = real("flashinfer.decode", arch=arch)
+    from pytest_mla.kernels.emulated import flashinfer_trtllm_mha
+    from pytest_mla.kernels.inputs import gen_decode_inputs
+
+    from .test_flashinfer_trtllm_mha import packed_mask
+
+    hq, hk, d = 16, 2, 128
+    case = gen_decode_inputs(seqlens, s_q=s_q, h_q=hq, h_kv=hk, d_qk=d, d_v=d, mla=False, page_size=64,
+                             kv_dtype=kv_dtype, seed=110 + s_q)
+    scale = case.kv_scale or 1.0
+    b = len(seqlens)
+    mask = packed_mask(torch.tril(torch.ones(s_q, s_q, dtype=torch.bool)).expand(b, s_q, s_q)) if s_q > 1 else None
+    results = []
+    for fn, dev in ((decode.trtllm_batch_decode_with_kv_cache, "cuda"),
+                    (flashinfer_trtllm_mha.trtllm_batch_decode_with_kv_cache, "cpu")):
+        q = case.q.reshape(b * s_q, hq, d).to(dev)
+        kv = (case.kv_cache.transpose(1, 2).contiguous().to(dev), case.v_cache.transpose(1, 2).contiguous().to(dev))
+        ws = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
+        out = torch.full(q.shape, math.nan, dtype=torch.bfloat16, device=dev)
+        results.append(fn(q, kv, ws, case.block_table.to(dev), case.cache_seqlens.to(dev), max(seqlens),
+                          bmm1_scale=case.softmax_scale * scale, bmm2_scale=scale, out=out, backend=backend,
+                          q_len_per_req=s_q, mask=None if mask is None or backend != "xqa" else mask.to(dev)))
+    agree("out", results[0], results[1], OUT_TOL)
