@@ -211,13 +211,21 @@ def test_rocm_and_xpu_cells_run_their_triton_backends_in_their_platform_process(
     assert cells["llama-3.1-8b/TRITON_ATTN/dcp1/none/xpu/kv-auto/page16"]["kernel"]["status"] == "not-run"
 
 
-def test_faults_in_vllms_code_fail_rocm_and_xpu_cells_in_their_platform_process():
-    """TRITON_MLA / TRITON_ATTN pass their Triton kernel the softmax scale × 1.05: the check, run in the
-    platform's child process, fails; the same child then verifies the unfaulted cell."""
+def test_faults_in_vllms_code_fail_rocm_xpu_and_cpu_cells_in_their_platform_process():
+    """TRITON_MLA / TRITON_ATTN pass their Triton kernel, CPU_MLA its (emulated) CPU op, the softmax scale
+    × 1.05: the check, run in the platform's child process, fails; the same child then verifies the
+    unfaulted cell. CPU_MLA's verify rows run vLLM's CPU SDPA prefill, nothing emulated."""
     rows = drive(".venv-vllm", "triton-mla-scale-x1.05:v2lite-decode-gfx942", "triton-mla-scale-x1.05:v2lite-decode-xpu",
-                 "triton-attn-scale-x1.05:llama-decode-gfx950", "none:llama-decode-gfx950")
+                 "triton-attn-scale-x1.05:llama-decode-gfx950", "none:llama-decode-gfx950",
+                 "cpu-mla-scale-x1.05:v2lite-cpu-mla", "none:v2lite-cpu-mla", "none:v2lite-cpu-mla-chain")
+    cpu = rows["none:v2lite-cpu-mla"]
+    assert cpu["status"] == "verified" and cpu["level"] == "emulated", cpu
+    assert cpu["emulated"] == ["torch.ops._C:mla_decode_kvcache"], cpu
+    chain = rows["none:v2lite-cpu-mla-chain"]
+    assert chain["status"] == "verified" and chain["level"] == "backend" and not chain["emulated"], chain
+    assert "vllm.v1.attention.backends.mla.prefill.cpu_sdpa:CPUSDPAMLAPrefillBackend" in chain["functions"], chain
     for scenario in ("triton-mla-scale-x1.05:v2lite-decode-gfx942", "triton-mla-scale-x1.05:v2lite-decode-xpu",
-                     "triton-attn-scale-x1.05:llama-decode-gfx950"):
+                     "triton-attn-scale-x1.05:llama-decode-gfx950", "cpu-mla-scale-x1.05:v2lite-cpu-mla"):
         row = rows[scenario]
         assert row["status"] == "failed" and not row["finding"] and "beyond abs" in row["message"], row
     assert rows["none:llama-decode-gfx950"]["status"] == "verified", rows["none:llama-decode-gfx950"]

@@ -18,6 +18,9 @@ Faults (what a buggy release could ship):
 * ``triton-mla-scale-x1.05`` / ``triton-attn-scale-x1.05``: TRITON_MLA's
   ``forward_mqa`` / TRITON_ATTN's ``forward`` pass their Triton kernel
   (``decode_attention_fwd`` / ``unified_attention``) the softmax scale × 1.05.
+* ``cpu-mla-scale-x1.05``: CPU_MLA's ``forward_mqa`` calls
+  ``vllm._cpu_ops.mla_decode_kvcache_cpu`` (its op emulated here) with the
+  softmax scale × 1.05.
 * ``merge-ignores-lse``: ``cp_lse_ag_out_rs`` averages the ranks' partial
   outputs instead of weighting them by their LSE.
 * ``merge-lse-base-swapped``: ``cp_lse_ag_out_rs`` reads each rank's LSE in
@@ -75,6 +78,8 @@ CASES = {
     "v2lite-decode-gfx942": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "gfx942"),
     "v2lite-decode-xpu": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "xpu"),
     "llama-decode-gfx950": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16, "gfx950"),
+    "v2lite-cpu-mla": ("deepseek-v2-lite", "CPU_MLA", "none", 1, "auto", 16, "cpu"),
+    "v2lite-cpu-mla-chain": ("deepseek-v2-lite", "CPU_MLA", "eagle-1x3", 1, "auto", 16, "cpu"),
     # GQA models on the backend `auto` resolves on SM90 (FLASH_ATTN)
     "llama-flash-attn-fp8": ("llama-3.1-8b", "auto", "eagle-1x3", 1, "fp8", 64),
     "mqa96-flash-attn-dcp2": ("mqa-96", "auto", "none", 2, "auto", 16),
@@ -102,6 +107,13 @@ def _triton_attn_scale_fault(original: Any) -> Any:
         return original(*args, softmax_scale=softmax_scale * 1.05, **kwargs)
 
     return unified_attention
+
+
+def _cpu_mla_scale_fault(original: Any) -> Any:
+    def mla_decode_kvcache_cpu(out, query, kv_cache, scale, block_tables, seq_lens):
+        return original(out, query, kv_cache, scale * 1.05, block_tables, seq_lens)
+
+    return mla_decode_kvcache_cpu
 
 
 def _merge_fault(original: Any) -> Any:
@@ -171,6 +183,7 @@ FAULTS = {
                                _triton_mla_scale_fault),
     "triton-attn-scale-x1.05": ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention",
                                 _triton_attn_scale_fault),
+    "cpu-mla-scale-x1.05": ("vllm._cpu_ops", "mla_decode_kvcache_cpu", _cpu_mla_scale_fault),
     "merge-ignores-lse": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _merge_fault),
     "merge-lse-base-swapped": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _base_fault),
     "flashmla-scale-x1.05": ("vllm.third_party.flashmla.flash_mla_interface", "flash_mla_with_kvcache",

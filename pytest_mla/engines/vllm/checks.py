@@ -693,7 +693,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     config.model_config.dtype = inputs.q.dtype  # the check's dtype is the model's
     group = _Group(ctx.collectives, device) if world > 1 else None
     path = options.get("path", "decode")
-    names = kernel_source.calls_of(backend, path)
+    names = kernel_source.calls_of(backend, path, options.get("platform"))
     # (the harness applies kernels.interpreter.interpreter_fixes around every interpreted engine check)
     with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group,
                                         options.get("arch")), \
@@ -834,7 +834,7 @@ def _path_of(cell: Any, startup: Any) -> str:
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
 #: Not XPU's TRITON_ATTN: on XPU it loads through Triton tensor descriptors (``use_td``), which
 #: this project's interpreter fixes do not pass through (``_install_int1_mask``'s ``cache_policy``).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",)}
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA",)}
 
 
 def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platform: str,
@@ -858,8 +858,7 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
     if name in ATTN_FUNCTIONS and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
     path = _path_of(cell, startup)
-    calls = kernel_source.calls_of(name, path)
-    if calls:
+    if kernel_source.calls_of(name, path, platform) and path != "decode":
         return None, (f"vLLM's {name} on the {platform} platform ({cell.arch}) sends these rows to its MLA "
                       f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), whose "
                       "compiled calls on this platform have no check yet")
@@ -943,10 +942,10 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
     options["path"] = path
     if name != "TRITON_MLA":
         _startup_compilation(options, startup)
-    calls = kernel_source.calls_of(name, path)
+    calls = kernel_source.calls_of(name, path, (extra or {}).get("platform"))
     if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
         options.update(extra)
-        level = "backend"
+        level = "emulated" if calls else "backend"  # a CPU build's ops are not in the installed vllm._C
     elif not calls:
         capability = _capability_of(cell.arch)
         level = "backend"
