@@ -188,7 +188,8 @@ class MatrixRun:
             record["notes"] = list(configured.notes)
         if configured is not None:
             deadline.phase = "the kernel check"
-            kernel = self.kernel_check(loaded.matrix, cell, model, configured, run=verdict == PASS)
+            kernel = self.kernel_check(loaded.matrix, cell, model, configured, run=verdict == PASS,
+                                       engine=engine)
             record["kernel"] = kernel
             if kernel["status"] == KERNEL_FAILED:
                 verdict = ERROR if kernel.get("crashed") else FAIL
@@ -197,7 +198,7 @@ class MatrixRun:
 
     # -- kernels -------------------------------------------------------------------------
     def kernel_check(self, matrix: Matrix, cell: Cell, model: ModelConfig, configured: Configured,
-                     *, run: bool) -> KernelResult:
+                     *, run: bool, engine: Engine | None = None) -> KernelResult:
         if not run:
             return not_run("the engine's answer did not match the expectation")
         if self.settings.kernel == "off":
@@ -228,8 +229,14 @@ class MatrixRun:
         if cached is not None:
             self._kernel_results[key] = cached
             return {**cached, "reused": True}
-        result = run_check(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
-                           timeout_s=self.settings.dcp_timeout)
+        result = None
+        elsewhere = getattr(engine, "run_check", None)  # optional: the engine runs it where it configured
+        if elsewhere is not None:
+            result = elsewhere(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
+                               timeout_s=self.settings.dcp_timeout)
+        if result is None:
+            result = run_check(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
+                               timeout_s=self.settings.dcp_timeout)
         result = {**result, "kernel": spec.name, "reused": False}
         self._kernel_results[key] = result
         self._share_result(key, result)
@@ -285,28 +292,10 @@ def protocol_outcome(engine: Engine, configured: Any) -> Outcome | None:
 
 
 def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout_s: float) -> KernelResult:
-    """One numeric check, as a kernel record; a crash or an engine's exception becomes a failed record."""
-    from .kernels import harness
-    from .kernels.engine_check import BackendRaised, EngineCannotRun, run_engine_check
-    from .kernels.power import WeakCheck
+    """One numeric check in this process (``kernels.run.run_check``; torch loads here, not at plugin import)."""
+    from .kernels.run import run_check as run_here
 
-    failed = {"status": KERNEL_FAILED, "where": where, "level": spec.level, "case": case.as_dict()}
-    try:
-        if spec.protocol == "engine":
-            return run_engine_check(case, spec, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
-        return harness.run_kernel_check(case, spec.target, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
-    except EngineCannotRun as exc:  # the engine's own path needs a kernel this host lacks
-        return not_run(str(exc))
-    except BackendRaised as exc:  # the engine accepted the configuration, then its own code raised: a finding
-        return {**failed, "finding": True, "function": exc.function, "raised": exc.error, "raised_text": exc.text,
-                "frames": list(exc.frames),
-                "message": f"engine accepted this configuration, but its backend raised {exc}"}
-    except AdapterError as exc:
-        return {**failed, "crashed": True, "message": f"adapter error: {exc}"}
-    except WeakCheck as exc:  # our inputs, not the engine: an error of the cell, never a verified one
-        return {**failed, "crashed": True, "message": f"check too weak: {exc}"}
-    except Exception as exc:  # a kernel that crashes is an error of the cell, with its message
-        return {**failed, "crashed": True, "message": f"kernel crashed: {type(exc).__name__}: {exc}"}
+    return run_here(case, spec, where=where, dcp_mode=dcp_mode, timeout_s=timeout_s)
 
 
 def hook_models(config: pytest.Config) -> dict[str, ModelConfig]:

@@ -53,3 +53,8 @@ class Engine(Protocol):
     # Optional: ``known_archs(self) -> Sequence[str]``: the ``arch`` values the installed
     # release has a platform for (``"smNN"`` stands for every NVIDIA arch). An arch of the
     # matrix outside it is an error of the file, naming the value and these.
+    #
+    # Optional: ``run_check(self, case, spec, *, where, dcp_mode, timeout_s) -> KernelResult | None``:
+    # run an accepted cell's numeric check where the engine configured it (the vLLM adapter:
+    # in the child process of the cell's platform, see ``engines/common/platform_process.py``);
+    # None lets the runner run it in its own process (``kernels.run.run_check``).

@@ -179,3 +179,53 @@ def test_baseline_slice_every_accepted_cell_is_verified_emulated_or_a_declared_f
             assert "level emulated" in c["expectation"]["xfail"], c["id"]
     findings = sorted(c["id"] for c in accepted if c["verdict"] == "xfail")
     assert findings and all("/CUTLASS_MLA/" in f and "/none/" in f and "kv-fp8" in f for f in findings), findings
+
+
+def test_rocm_and_xpu_cells_run_their_triton_backends_in_their_platform_process(tmp_path):
+    """ROCm and XPU cells on TRITON_MLA / TRITON_ATTN: vLLM's layer on that platform (its own child process,
+    vLLM imported there on it), the cell's arch; under xdist each worker has its children."""
+    python = venv_python(".venv-vllm")
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=deepseek-v2-lite,llama-3.1-8b",
+                        "--mla-select=backend=TRITON_MLA,TRITON_ATTN", "--mla-select=dcp=1", "--mla-select=spec=none",
+                        "--mla-select=arch=gfx942,gfx950,xpu", "--mla-select=page_size=16", "-n", "2", timeout=1500)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("vllm-*[0-9].json")))["cells"]}
+    labels = {"gfx942": "ROCm", "gfx950": "ROCm", "xpu": "XPU"}
+    verified = ["deepseek-v2-lite/TRITON_MLA/dcp1/none/gfx942/kv-auto/page16",
+                "deepseek-v2-lite/TRITON_MLA/dcp1/none/gfx950/kv-auto/page16",
+                "deepseek-v2-lite/TRITON_MLA/dcp1/none/gfx950/kv-fp8/page16",
+                "deepseek-v2-lite/TRITON_MLA/dcp1/none/xpu/kv-auto/page16",
+                "llama-3.1-8b/TRITON_ATTN/dcp1/none/gfx942/kv-auto/page16",
+                "llama-3.1-8b/TRITON_ATTN/dcp1/none/gfx950/kv-fp8/page16"]
+    for cell_id in verified:
+        kernel = cells[cell_id]["kernel"]
+        assert kernel["status"] == "verified" and kernel["level"] == "backend", (cell_id, kernel)
+        arch = cell_id.split("/")[4]
+        assert (f"ran in a process that imported vLLM on its {labels[arch]} platform, answering for {arch}"
+                in kernel["notes"]), kernel["notes"]
+    assert DECODE in cells[verified[0]]["kernel"]["functions"]
+    assert "vllm.v1.attention.ops.triton_unified_attention:unified_attention" in cells[verified[4]]["kernel"]["functions"]
+    # gfx942's fp8 cache is e4m3fnuz: not run, saying why (gfx950's e4m3fn cache runs)
+    fnuz = cells["deepseek-v2-lite/TRITON_MLA/dcp1/none/gfx942/kv-fp8/page16"]["kernel"]
+    assert fnuz["status"] == "not-run" and "stores an fp8 KV cache as e4m3fnuz" in fnuz["reason"], fnuz
+    assert cells["llama-3.1-8b/TRITON_ATTN/dcp1/none/xpu/kv-auto/page16"]["kernel"]["status"] == "not-run"
+
+
+def test_faults_in_vllms_code_fail_rocm_xpu_and_cpu_cells_in_their_platform_process():
+    """TRITON_MLA / TRITON_ATTN pass their Triton kernel, CPU_MLA its (emulated) CPU op, the softmax scale
+    × 1.05: the check, run in the platform's child process, fails; the same child then verifies the
+    unfaulted cell. CPU_MLA's verify rows run vLLM's CPU SDPA prefill, nothing emulated."""
+    rows = drive(".venv-vllm", "triton-mla-scale-x1.05:v2lite-decode-gfx942", "triton-mla-scale-x1.05:v2lite-decode-xpu",
+                 "triton-attn-scale-x1.05:llama-decode-gfx950", "none:llama-decode-gfx950",
+                 "cpu-mla-scale-x1.05:v2lite-cpu-mla", "none:v2lite-cpu-mla", "none:v2lite-cpu-mla-chain")
+    cpu = rows["none:v2lite-cpu-mla"]
+    assert cpu["status"] == "verified" and cpu["level"] == "emulated", cpu
+    assert cpu["emulated"] == ["torch.ops._C:mla_decode_kvcache"], cpu
+    chain = rows["none:v2lite-cpu-mla-chain"]
+    assert chain["status"] == "verified" and chain["level"] == "backend" and not chain["emulated"], chain
+    assert "vllm.v1.attention.backends.mla.prefill.cpu_sdpa:CPUSDPAMLAPrefillBackend" in chain["functions"], chain
+    for scenario in ("triton-mla-scale-x1.05:v2lite-decode-gfx942", "triton-mla-scale-x1.05:v2lite-decode-xpu",
+                     "triton-attn-scale-x1.05:llama-decode-gfx950", "cpu-mla-scale-x1.05:v2lite-cpu-mla"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and "beyond abs" in row["message"], row
+    assert rows["none:llama-decode-gfx950"]["status"] == "verified", rows["none:llama-decode-gfx950"]

@@ -7,13 +7,20 @@ Run inside a vLLM venv (``tests/engines/test_vllm_backend.py`` does)::
 A scenario is ``FAULT:CASE`` (``none`` for no fault); the driver prints one
 JSON line per scenario with the kernel record's status, message and errors.
 Nothing in the venv is edited: each fault replaces a vLLM function in this
-process (and, for ``--dcp-mode distributed``, in every rank process, which
-runs ``run`` below as its engine runner) and is undone afterwards.
+process (and, for ``--dcp-mode distributed``, in every rank process, and for a
+cell of another platform, in that platform's child process: each runs ``run``
+or ``run_attn`` below as its engine runner) and is undone afterwards.
 
 Faults (what a buggy release could ship):
 
 * ``decode-drops-last-token``: ``decode_attention_fwd`` reads one key fewer
   per row (an off-by-one in the sequence lengths it is given).
+* ``triton-mla-scale-x1.05`` / ``triton-attn-scale-x1.05``: TRITON_MLA's
+  ``forward_mqa`` / TRITON_ATTN's ``forward`` pass their Triton kernel
+  (``decode_attention_fwd`` / ``unified_attention``) the softmax scale × 1.05.
+* ``cpu-mla-scale-x1.05``: CPU_MLA's ``forward_mqa`` calls
+  ``vllm._cpu_ops.mla_decode_kvcache_cpu`` (its op emulated here) with the
+  softmax scale × 1.05.
 * ``merge-ignores-lse``: ``cp_lse_ag_out_rs`` averages the ranks' partial
   outputs instead of weighting them by their LSE.
 * ``merge-lse-base-swapped``: ``cp_lse_ag_out_rs`` reads each rank's LSE in
@@ -67,6 +74,12 @@ CASES = {
     "v2lite-flashinfer-dcp2": ("deepseek-v2-lite", "FLASHINFER_MLA", "none", 2, "auto", 64, "sm100"),
     "v3-tokenspeed-dcp2": ("deepseek-v3", "TOKENSPEED_MLA", "none", 2, "fp8", 64, "sm100"),
     "v2lite-triton-dcp2-chain": ("deepseek-v2-lite", "TRITON_MLA", "eagle-1x3", 2, "auto", 16),
+    # other platforms: the check runs in the child process of the cell's platform
+    "v2lite-decode-gfx942": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "gfx942"),
+    "v2lite-decode-xpu": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "xpu"),
+    "llama-decode-gfx950": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16, "gfx950"),
+    "v2lite-cpu-mla": ("deepseek-v2-lite", "CPU_MLA", "none", 1, "auto", 16, "cpu"),
+    "v2lite-cpu-mla-chain": ("deepseek-v2-lite", "CPU_MLA", "eagle-1x3", 1, "auto", 16, "cpu"),
     # GQA models on the backend `auto` resolves on SM90 (FLASH_ATTN)
     "llama-flash-attn-fp8": ("llama-3.1-8b", "auto", "eagle-1x3", 1, "fp8", 64),
     "mqa96-flash-attn-dcp2": ("mqa-96", "auto", "none", 2, "auto", 16),
@@ -78,6 +91,29 @@ def _decode_fault(original: Any) -> Any:
         return original(q, k_buffer, v_buffer, o, lse, req_to_token, (b_seq_len - 1).clamp(min=1), *args, **kwargs)
 
     return decode_attention_fwd
+
+
+def _triton_mla_scale_fault(original: Any) -> Any:
+    def decode_attention_fwd(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits, num_kv_splits,
+                             sm_scale, *args, **kwargs):
+        return original(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits, num_kv_splits,
+                        sm_scale * 1.05, *args, **kwargs)
+
+    return decode_attention_fwd
+
+
+def _triton_attn_scale_fault(original: Any) -> Any:
+    def unified_attention(*args, softmax_scale=None, **kwargs):
+        return original(*args, softmax_scale=softmax_scale * 1.05, **kwargs)
+
+    return unified_attention
+
+
+def _cpu_mla_scale_fault(original: Any) -> Any:
+    def mla_decode_kvcache_cpu(out, query, kv_cache, scale, block_tables, seq_lens):
+        return original(out, query, kv_cache, scale * 1.05, block_tables, seq_lens)
+
+    return mla_decode_kvcache_cpu
 
 
 def _merge_fault(original: Any) -> Any:
@@ -143,6 +179,11 @@ def _prefill_merge_fault(original: Any) -> Any:
 FAULTS = {
     "decode-drops-last-token": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
                                 _decode_fault),
+    "triton-mla-scale-x1.05": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
+                               _triton_mla_scale_fault),
+    "triton-attn-scale-x1.05": ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention",
+                                _triton_attn_scale_fault),
+    "cpu-mla-scale-x1.05": ("vllm._cpu_ops", "mla_decode_kvcache_cpu", _cpu_mla_scale_fault),
     "merge-ignores-lse": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _merge_fault),
     "merge-lse-base-swapped": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _base_fault),
     "flashmla-scale-x1.05": ("vllm.third_party.flashmla.flash_mla_interface", "flash_mla_with_kvcache",
@@ -154,7 +195,7 @@ FAULTS = {
                                     _prefill_merge_fault),
 }
 #: vLLM modules that bind the faulted functions by name (imported before the fault is put in).
-BINDERS = ("vllm.v1.attention.backends.mla.triton_mla", "vllm.v1.attention.backends.mla.flashmla",
+BINDERS = ("vllm.v1.attention.backends.mla.triton_mla", "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.mla.flashmla",
            "vllm.v1.attention.backends.mla.flashinfer_mla", "vllm.model_executor.layers.attention.mla_attention")
 
 
@@ -212,7 +253,8 @@ def injected(fault: str) -> Iterator[None]:
     vllm_backend.prepare_process()  # the Triton mode and the engine's import, as the runner does
     module_name, attr, make = FAULTS[fault]
     for binder in BINDERS:
-        importlib.import_module(binder)
+        with contextlib.suppress(ImportError):  # a platform child lacks some (flashinfer's on ROCm / XPU)
+            importlib.import_module(binder)
     module = importlib.import_module(module_name)
     original = getattr(module, attr)
     faulty = make(original)
@@ -228,11 +270,19 @@ def injected(fault: str) -> Iterator[None]:
 
 
 def run(inputs: Any, ctx: Any, options: Any) -> Any:
-    """The MLA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (for distributed ranks)."""
+    """The MLA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (for distributed ranks, platform children)."""
     from pytest_mla.engines.vllm.startup import run_mla
 
-    with injected(os.environ.get(FAULT_ENV, "none")):
+    with injected(options.get("fault") or os.environ.get(FAULT_ENV, "none")):
         return run_mla(inputs, ctx, options)
+
+
+def run_attn(inputs: Any, ctx: Any, options: Any) -> Any:
+    """The GQA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (platform children)."""
+    from pytest_mla.engines.vllm.startup import run_attn as run_attn_here
+
+    with injected(options.get("fault") or os.environ.get(FAULT_ENV, "none")):
+        return run_attn_here(inputs, ctx, options)
 
 
 def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str, Any]:
@@ -257,8 +307,15 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     kernel = configured.kernel
     assert kernel is not None, configured.kernel_reason
     if wrapped:
-        kernel = dataclasses.replace(kernel, target="vllm_faults:run")
+        target = "vllm_faults:run_attn" if kernel.target.endswith(":run_attn") else "vllm_faults:run"
+        # the fault travels with the spec: a platform child, started once, keeps its first environment
+        kernel = dataclasses.replace(kernel, target=target, options=kernel.options + (("fault", os.environ[FAULT_ENV]),))
     case = harness.case_for(cell.coords, matrix.models[model], seed=0, dtype=dtype, overrides=dict(kernel.case))
+    # another platform's cell: its check runs in that platform's child process, as in a matrix run
+    elsewhere = vllm_checks.prepare_process().run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode,
+                                                          timeout_s=300)
+    if elsewhere is not None:
+        return elsewhere
     return run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode, timeout_s=300)
 
 
@@ -271,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # rank processes inherit this path
     for scenario in args.scenarios:
         fault, _, case_id = scenario.partition(":")
-        if args.dcp_mode == "distributed":
+        arch = (CASES[case_id][6:] or ["sm90"])[0]
+        if args.dcp_mode == "distributed" or not arch.startswith("sm"):
             # no fault: the adapter's own target, as a matrix run starts it in each rank process
+            # (or in the child process of the cell's platform, which inherits the environment)
             os.environ[FAULT_ENV] = fault
             record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=fault != "none")
         else:

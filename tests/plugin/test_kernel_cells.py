@@ -227,3 +227,38 @@ def pytest_mla_kernel(config, cell, spec):
         kernel = cells[f"tiny-mla/triton/dcp{dcp}/none/sm90"]["kernel"]
         assert kernel["status"] == "failed"
         assert f"of {dcp} returned NaN out and lse for request 2, which has no tokens on that rank" in kernel["message"]
+
+
+ELSEWHERE_CONFTEST = ENGINE_CONFTEST.replace('''    def metadata(self):
+        return {}
+''', '''    def metadata(self):
+        return {}
+
+    def run_check(self, case, spec, *, where, dcp_mode, timeout_s):
+        """Where the engine configured the cell (a platform process, say): here, a record it marks."""
+        if spec.options != ():
+            return None  # the runner runs it in its own process
+        from pytest_mla.kernels.run import run_check
+
+        record = run_check(case, spec, where=where, dcp_mode=dcp_mode, timeout_s=timeout_s)
+        return {**record, "notes": [*record.get("notes", []), "run by the engine's run_check"]}
+''')
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["in-process", "xdist"])
+def test_an_engine_that_runs_its_own_checks_gets_their_records_and_none_falls_back(pytester, workers):
+    """``Engine.run_check`` (optional): its record is the cell's; None lets the runner run the check."""
+    from pathlib import Path
+
+    pytester.makepyfile(fake_engine=(Path(__file__).parents[1] / "kernels" / "fake_engine.py").read_text())
+    pytester.makeconftest(ELSEWHERE_CONFTEST)
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90",), engine="own")
+                      .replace('["triton", "flashmla"]', '["good", "average"]')
+                      .replace('["none", "eagle-2x2"]', '["none"]').replace("dcp = [1, 2]", "dcp = [2]"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", *(workers or ["-p", "no:xdist"]))
+    result.assert_outcomes(passed=1, failed=1)
+    cells = {c["id"]: c for c in read_report(pytester)["cells"]}
+    good = cells["tiny-mla/good/dcp2/none/sm90"]["kernel"]
+    assert good["status"] == "verified" and "run by the engine's run_check" in good["notes"]
+    average = cells["tiny-mla/average/dcp2/none/sm90"]["kernel"]
+    assert average["status"] == "failed" and "run by the engine's run_check" not in average.get("notes", [])

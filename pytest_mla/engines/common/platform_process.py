@@ -10,13 +10,16 @@ start: one child per platform, started on the first such cell and kept for
 the run (each xdist worker has its own).
 
 The child builds the adapter with ``cls(platform=...)`` and answers
-``configure(cell, model)``: the ``Configured`` record, or the exception it
-raised, which the parent raises again with the same type name and text (the
+``configure(cell, model)`` and ``run_check(case, spec, ...)`` (an accepted
+cell's numeric check, run on the child's platform: the kernel record, whatever
+happened in the check). ``configure`` answers the ``Configured`` record, or
+the exception it raised, which the parent raises again with the same type name and text (the
 engine's refusal types and pytest-mla's ``AdapterError`` /
 ``UnreachableError`` as themselves; any other type as a class of that name,
 so a crash reads as it would have in the parent). A child that dies, or a
 cell that times out while the child works, ends that child; the next cell of
-its platform starts a fresh one.
+its platform starts a fresh one. A check whose child dies is a crashed kernel
+record naming the child's log.
 """
 
 from __future__ import annotations
@@ -53,12 +56,34 @@ class PlatformProcess:
         atexit.register(self.close)
 
     def configure(self, cell: Any, model: Any) -> Any:
+        return _answer(self._ask(("configure", cell, model)))
+
+    def run_check(self, case: Any, spec: Any, *, where: str, dcp_mode: str, timeout_s: float) -> dict[str, Any]:
+        """The kernel record of ``spec``'s check on ``case``, run in the child (``kernels.run.run_check``).
+
+        The check runs on the platform the child imported the engine on. A
+        child that dies meanwhile makes the record a crashed one naming its
+        log; a timeout (``CellTimeout``) ends the child and propagates.
+        """
+        from ...core.verdicts import KERNEL_FAILED
+
+        try:
+            reply = self._ask(("run_check", case, spec, {"where": where, "dcp_mode": dcp_mode,
+                                                         "timeout_s": timeout_s}))
+        except AdapterError as exc:  # the child ended: this cell's check crashed, the next starts a fresh one
+            return {"status": KERNEL_FAILED, "where": where, "level": spec.level, "case": case.as_dict(),
+                    "crashed": True, "message": f"kernel crashed: {exc}"}
+        if reply[0] == "result":
+            return reply[1]
+        return _answer(reply)  # raises what the child raised outside the check's own handling
+
+    def _ask(self, request: tuple[Any, ...]) -> tuple[Any, ...]:
         child = self._start()
         try:
             assert child.stdin is not None and child.stdout is not None
-            pickle.dump(("configure", cell, model), child.stdin)
+            pickle.dump(request, child.stdin)
             child.stdin.flush()
-            reply = pickle.load(child.stdout)
+            return pickle.load(child.stdout)
         except BaseException as exc:  # a timeout (CellTimeout) or a dead child: this child is done
             self.close()
             if isinstance(exc, (EOFError, BrokenPipeError, pickle.UnpicklingError)):
@@ -66,7 +91,6 @@ class PlatformProcess:
                                    f"({type(exc).__name__}; its log: {self._log})",
                                    engine=self.engine, version=self.version) from None
             raise
-        return _answer(reply)
 
     def close(self) -> None:
         child, self._child = self._child, None
@@ -78,6 +102,8 @@ class PlatformProcess:
         if self._child is not None and self._child.poll() is None:
             return self._child
         env = {**os.environ, PLATFORM_ENV: self.platform}
+        # the parent's import path (its checkout, a test's engine runner module), as a DCP rank process gets it
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         with open(self._log, "ab") as log:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", __name__, self.target, self.platform],
@@ -110,9 +136,8 @@ def _serve(target: str, platform: str, requests: BinaryIO, replies: BinaryIO) ->
             request = pickle.load(requests)
         except EOFError:
             return
-        _, cell, model = request
         try:
-            reply: tuple[Any, ...] = ("configured", adapter.configure(cell, model))
+            reply: tuple[Any, ...] = _handle(adapter, request)
         except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the parent
             adapter_fields = (exc.step, exc.engine, exc.version) if isinstance(exc, AdapterError) else None
             text = str(exc)
@@ -121,6 +146,18 @@ def _serve(target: str, platform: str, requests: BinaryIO, replies: BinaryIO) ->
             reply = ("raised", type(exc).__name__, text, adapter_fields)
         pickle.dump(reply, replies)
         replies.flush()
+
+
+def _handle(adapter: Any, request: tuple[Any, ...]) -> tuple[Any, ...]:
+    kind = request[0]
+    if kind == "configure":
+        return ("configured", adapter.configure(request[1], request[2]))
+    if kind == "run_check":
+        from ...kernels.run import run_check
+
+        _, case, spec, kwargs = request
+        return ("result", run_check(case, spec, **kwargs))
+    raise AdapterError("platform", f"unknown request {kind!r} to a platform child process")
 
 
 def main(argv: list[str]) -> int:

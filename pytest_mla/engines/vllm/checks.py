@@ -357,8 +357,13 @@ def _view_of(cls: type, base: type = object) -> type:
 
 
 @contextlib.contextmanager
-def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | None) -> Iterator[None]:
-    """vLLM's process-wide state for one rank: arch, DCP group, current config, model dtype."""
+def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | None,
+                  arch: str | None = None) -> Iterator[None]:
+    """vLLM's process-wide state for one rank: arch, DCP group, current config, model dtype.
+
+    ``arch`` (a cell of another platform, in its child process): the platform
+    answers for it for the duration; else the faked CUDA GPU answers ``capability``.
+    """
     import torch
     import vllm.distributed.parallel_state as parallel_state
     from vllm.config import set_current_vllm_config
@@ -367,11 +372,13 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
         holder = _state.get("dcp")
         if holder is None:
             holder = _state["dcp"] = _ThreadGroup()
-    major, minor = (int(x) for x in capability.split("."))
     platforms = engine._platforms
-    if platforms.cuda_capability != platforms._capability(major, minor):  # the faked GPU answers the check's arch
-        with platforms.on(f"sm{major}{minor}"):  # sets it, emptying the caches vLLM filled for another arch
-            pass
+    on_arch = _platform_on(platforms, arch) if arch is not None else contextlib.nullcontext()
+    if arch is None:
+        major, minor = (int(x) for x in capability.split("."))
+        if platforms.cuda_capability != platforms._capability(major, minor):  # the faked GPU answers the check's arch
+            with platforms.on(f"sm{major}{minor}"):  # sets it, emptying the caches vLLM filled for another arch
+                pass
     saved_dcp, saved_dtype = parallel_state._DCP, torch.get_default_dtype()
     saved_env = {name: os.environ.get(name) for name in NO_SYMMETRIC_MEMORY}
     if group is not None and group.device.type == "cpu":
@@ -380,7 +387,7 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
     parallel_state._DCP = holder if group is not None else None
     torch.set_default_dtype(config.model_config.dtype)
     try:
-        with set_current_vllm_config(config), torch_collectives_in_process():
+        with on_arch, set_current_vllm_config(config), torch_collectives_in_process():
             yield
     finally:
         torch.set_default_dtype(saved_dtype)
@@ -391,6 +398,33 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
             else:
                 os.environ[name] = value
         holder.bind(None)
+
+
+_arch_held = {"arch": None, "count": 0, "stack": None}
+
+
+@contextlib.contextmanager
+def _platform_on(platforms: Any, arch: str) -> Iterator[None]:
+    """``platforms.on(arch)`` once for all rank threads of a check (refcounted): a rank leaving
+    must not put the module flags back (ROCm's ``_GCN_ARCH``) under a rank still running."""
+    from ...core.errors import AdapterError
+
+    with _lock:
+        if _arch_held["count"] == 0:
+            stack = contextlib.ExitStack()
+            stack.enter_context(platforms.on(arch))
+            _arch_held.update(arch=arch, stack=stack)
+        elif _arch_held["arch"] != arch:
+            raise AdapterError("kernel check", f"a check on {arch} while one on {_arch_held['arch']} runs")
+        _arch_held["count"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _arch_held["count"] -= 1
+            if _arch_held["count"] == 0:
+                stack, _arch_held["stack"], _arch_held["arch"] = _arch_held["stack"], None, None
+                stack.close()
 
 
 def backend_class(name: str) -> Any:
@@ -511,13 +545,37 @@ def _rank_slots(inputs: Any, block: int, rank: int, world: int, interleave: int)
     return table, slots[0, :total]
 
 
-def _nan_cache(shape: tuple[int, ...], spec_dtype: Any, value_dtype: Any, device: Any) -> Any:
-    """A cache of vLLM's storage dtype (bytes for fp8), every value NaN."""
+def _nan_cache(shape: tuple[int, ...], spec_dtype: Any, device: Any) -> Any:
+    """A cache of vLLM's storage dtype (bytes of the platform's fp8 format for fp8), every value NaN."""
     import torch
 
     cache = torch.empty(shape, dtype=spec_dtype, device=device)
-    (cache.view(value_dtype) if spec_dtype == torch.uint8 else cache).fill_(math.nan)
+    (cache.view(current_platform_fp8()) if spec_dtype == torch.uint8 else cache).fill_(math.nan)
     return cache
+
+
+def _stored(rows: Any, cache_dtype: Any) -> Any:
+    """``rows`` as the cache holds them: fp8 values as the bytes of the platform's own fp8 format.
+
+    The check's fp8 values are e4m3fn; ROCm on gfx942 stores and reads
+    e4m3fnuz (``current_platform.fp8_dtype()``), as its cache-write op would
+    have written them. Every value must convert exactly (else the adapter's
+    error: the check would compare other numbers than it wrote).
+    """
+    import torch
+
+    from ...core.errors import AdapterError
+
+    if cache_dtype != torch.uint8:
+        return rows.to(cache_dtype)
+    fp8 = current_platform_fp8()
+    if rows.dtype != fp8:
+        converted = rows.to(torch.float32).to(fp8)
+        if not torch.equal(converted.to(torch.float32), rows.to(torch.float32)):
+            raise AdapterError("kernel check", f"the check's {rows.dtype} cache values do not convert exactly to "
+                                               f"the platform's {fp8}")
+        rows = converted
+    return rows.view(torch.uint8)
 
 
 def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int,
@@ -534,8 +592,7 @@ def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int
     block = config.cache_config.block_size
     table, slots = _rank_slots(inputs, block, rank, world, interleave)
     seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
-    cache = _nan_cache((inputs.kv_cache.shape[0], block, inputs.kv_cache.shape[-1]), spec.dtype,
-                       inputs.kv_cache.dtype, device)
+    cache = _nan_cache((inputs.kv_cache.shape[0], block, inputs.kv_cache.shape[-1]), spec.dtype, device)
     if slots.numel():
         rows = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
         _write(cache.view(-1, cache.shape[-1]), slots, rows.reshape(slots.numel(), -1))
@@ -556,8 +613,7 @@ def _write(flat: Any, slots: Any, rows: Any) -> None:
     from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 
     mine = slots != PAD_SLOT_ID
-    rows = rows[mine]
-    flat[slots[mine]] = rows.view(torch.uint8) if flat.dtype == torch.uint8 else rows.to(flat.dtype)
+    flat[slots[mine]] = _stored(rows[mine], flat.dtype)
 
 
 def _dense_rows(cache: Any, block_table: Any, i: int, n: int) -> Any:
@@ -637,9 +693,10 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     config.model_config.dtype = inputs.q.dtype  # the check's dtype is the model's
     group = _Group(ctx.collectives, device) if world > 1 else None
     path = options.get("path", "decode")
-    names = kernel_source.calls_of(backend, path)
+    names = kernel_source.calls_of(backend, path, options.get("platform"))
     # (the harness applies kernels.interpreter.interpreter_fixes around every interpreted engine check)
-    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group), \
+    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group,
+                                        options.get("arch")), \
             rank_workspaces(device), \
             kernel_source.kernel_source(level, names) as log, kernel_source.host_buffers(device) as host:
         layer = _build_layer(options, inputs.softmax_scale, device)
@@ -692,7 +749,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             if world > 1:
                 functions.append(_combine_name(layer.dcp_manager.combine))
         emulated = tuple(log.called) if log is not None else ()
-        notes = tuple(host)
+        notes = tuple(host) + _platform_notes(options)
     out = output.view(b, s_q, per, rank_dim)
     return RankResult(out, None, heads if world > 1 else None, tuple(functions), notes=notes, emulated=emulated)
 
@@ -746,7 +803,9 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
     name = backend_name(path)
     platform = platform_of(cell.arch)
     if platform != "cuda":
-        return None, other_platform_reason(name, cell.arch, platform)
+        if platform != getattr(engine, "platform", "cuda") or name not in PLATFORM_CHECKS.get(platform, ()):
+            return None, other_platform_reason(name, cell.arch, platform)
+        return _platform_spec(engine, cell, model, tp, name, platform, startup)
     where = ensure_triton_mode()
     if name in ATTN_FUNCTIONS and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup), None
@@ -771,6 +830,61 @@ def _path_of(cell: Any, startup: Any) -> str:
     if startup is None or s_q == 1:
         return "decode"
     return "prefill" if s_q > startup.builder.reorder_batch_threshold else "decode"
+#: Backends of another platform whose check runs in that platform's child process (the
+#: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
+#: Not XPU's TRITON_ATTN: on XPU it loads through Triton tensor descriptors (``use_td``), which
+#: this project's interpreter fixes do not pass through (``_install_int1_mask``'s ``cache_policy``).
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA",)}
+
+
+def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platform: str,
+                   startup: Any) -> tuple[Any, str | None]:
+    """The check of a ROCm / XPU cell on a Triton backend: vLLM's layer on the child's platform, the cell's arch.
+
+    The same runners as the CUDA cells (``run_mla``, ``run_attn``); the spec
+    names the platform (the parent sends the check to that child) and the arch
+    (the platform answers for it while the check runs: ROCm's ``_GCN_ARCH``,
+    its fp8 format). Only paths whose compiled calls are all Triton run here.
+    """
+    from ...kernels._mode import ensure_triton_mode
+    from . import kernel_source
+
+    where = ensure_triton_mode()
+    extra = {"platform": platform, "arch": str(cell.arch)}
+    if str(cell.kv_dtype or "auto").startswith("fp8") and _fp8_fnuz(engine, str(cell.arch)):
+        return None, (f"vLLM on {cell.arch} stores an fp8 KV cache as e4m3fnuz (largest value 240; a checkpoint's "
+                      "KV scales are doubled when loaded): the check's e4m3fn cache (values up to 448 at k_scale 1) "
+                      "has no faithful fnuz copy yet")
+    if name in ATTN_FUNCTIONS and not model.mla:
+        return _attn_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
+    path = _path_of(cell, startup)
+    if kernel_source.calls_of(name, path, platform) and path != "decode":
+        return None, (f"vLLM's {name} on the {platform} platform ({cell.arch}) sends these rows to its MLA "
+                      f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), whose "
+                      "compiled calls on this platform have no check yet")
+    return _mla_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
+
+
+def _fp8_fnuz(engine: Any, arch: str) -> bool:
+    """Whether vLLM's platform answers ``is_fp8_fnuz()`` for ``arch`` (ROCm's MI300 series)."""
+    from vllm.platforms import current_platform
+
+    with engine._platforms.on(arch):
+        check = getattr(current_platform, "is_fp8_fnuz", None)
+        return bool(check()) if check is not None else False
+
+
+def _platform_notes(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """Where a check of another platform's cell ran (``_platform_spec``)."""
+    from .platforms import PLATFORM_LABELS
+
+    platform = options.get("platform")
+    if platform is None:
+        return ()
+    return (f"ran in a process that imported vLLM on its {PLATFORM_LABELS.get(platform, platform)} platform, "
+            f"answering for {options['arch']}",)
+
+
 def other_platform_reason(name: str, arch: str, platform: str | None) -> str:
     """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
     if name in CPU_OPS:
@@ -803,7 +917,8 @@ def _mla_options(cell: Any, model: Any, tp: int) -> dict[str, Any]:
             "spec_method": method}
 
 
-def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any) -> Any:
+def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any,
+              extra: Mapping[str, Any] | None = None) -> Any:
     """The engine check of an MLA cell on ``name`` (``run_mla``), at the level this host allows.
 
     The kernel source: the real kernels where ``kernel_source.real_kernels_missing``
@@ -827,13 +942,17 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
     options["path"] = path
     if name != "TRITON_MLA":
         _startup_compilation(options, startup)
-    capability = _capability_of(cell.arch)
-    calls = kernel_source.calls_of(name, path)
-    if not calls:
+    calls = kernel_source.calls_of(name, path, (extra or {}).get("platform"))
+    if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
+        options.update(extra)
+        level = "emulated" if calls else "backend"  # a CPU build's ops are not in the installed vllm._C
+    elif not calls:
+        capability = _capability_of(cell.arch)
         level = "backend"
         if _construction_raises(engine, options, capability):
             options["capability"] = capability
     else:
+        capability = _capability_of(cell.arch)
         level = "backend" if kernel_source.real_kernels_missing(name, path, where, capability) is None else "emulated"
         if path == "prefill":  # see kernel_source.PREFILL_CALLS: no real kernel takes the check's 576-wide heads
             level = "emulated"
@@ -848,7 +967,8 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
                       options=tuple(sorted(options.items())), case=case)
 
 
-def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any) -> Any:
+def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any,
+               extra: Mapping[str, Any] | None = None) -> Any:
     """The engine check of a GQA cell on TRITON_ATTN or FLASH_ATTN (``run_attn``; no DCP check yet).
 
     TRITON_ATTN runs its Triton kernel here (level ``backend``, shared over
@@ -865,13 +985,15 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
                "head_dim": model.head_dim, "tp": tp, "block_size": int(cell.page_size),
                "cache_dtype": str(cell.kv_dtype or "auto"), "num_speculative_tokens": tokens, "spec_method": method,
                "backend": name, "dcp": max(cell.dcp, 1)}
-    capability = _capability_of(cell.arch)
     level = "backend"
-    if name == "TRITON_ATTN":
+    if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
+        options.update(extra)
+    elif name == "TRITON_ATTN":
+        capability = _capability_of(cell.arch)
         if _attn_construction_raises(engine, options, capability):
             options["capability"] = capability
     else:
-        options["capability"] = capability
+        capability = options["capability"] = _capability_of(cell.arch)
         _startup_compilation(options, startup)
         level = "backend" if kernel_source.real_kernels_missing(name, "decode", where, capability) is None \
             else "emulated"
@@ -1025,7 +1147,8 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     config.model_config.dtype = inputs.q.dtype
     level = options.get("level", "backend")
     group = _Group(ctx.collectives, device) if world > 1 else None
-    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group), \
+    with stand_in_guard(), _vllm_context(engine, config, options.get("capability", DEFAULT_CAPABILITY), group,
+                                        options.get("arch")), \
             rank_workspaces(device), \
             kernel_source.kernel_source(level, kernel_source.calls_of(backend, "decode")) as log, \
             kernel_source.host_buffers(device) as host:
@@ -1037,7 +1160,7 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         block = config.cache_config.block_size
         table, slots = _rank_slots(inputs, block, rank, world, ctx.interleave)
         # Both impls read [num_blocks, num_kv_heads, block_size, 2 * head_size] (K and V side by side).
-        cache = _nan_cache((inputs.kv_cache.shape[0], h_kv, block, 2 * d), spec.dtype, inputs.kv_cache.dtype, device)
+        cache = _nan_cache((inputs.kv_cache.shape[0], h_kv, block, 2 * d), spec.dtype, device)
         if slots.numel():
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
@@ -1085,7 +1208,7 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             q, _ = layer.query_quant(q, layer._q_scale)
         layer.impl.forward(layer, q, key, value, cache, metadata, output)
         emulated = tuple(log.called) if log is not None else ()
-        notes = tuple(host)
+        notes = tuple(host) + _platform_notes(options)
     functions = (ATTN_FUNCTIONS[backend],) + (
         ("vllm.v1.attention.ops.triton_unified_attention:unified_attention",) if backend == "TRITON_ATTN" else ())
     if world > 1:
@@ -1112,5 +1235,4 @@ def _write_tokens(cache: Any, slots: Any, rows: Any, block: int) -> None:
 
     mine = slots != PAD_SLOT_ID
     slots, rows = slots[mine], rows[mine]
-    values = rows.view(torch.uint8) if cache.dtype == torch.uint8 else rows.to(cache.dtype)
-    cache[slots // block, :, slots % block] = values
+    cache[slots // block, :, slots % block] = _stored(rows, cache.dtype)

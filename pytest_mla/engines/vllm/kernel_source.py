@@ -37,6 +37,8 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
                     "vllm._custom_ops:sm100_cutlass_mla_get_workspace_size"),
     "TOKENSPEED_MLA": ("tokenspeed_mla:tokenspeed_mla_decode", "tokenspeed_mla:get_num_sm",
                        "tokenspeed_mla:warmup_compile_prefill"),
+    # the CPU platform (a CPU build of vllm._C registers the op)
+    "CPU_MLA": ("torch.ops._C:mla_decode_kvcache",),
     # GQA models (``checks.run_attn``)
     "TRITON_ATTN": (),
     "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
@@ -56,6 +58,7 @@ DECODE_FUNCTIONS = {
     "FLASHINFER_MLA": "vllm.v1.attention.backends.mla.flashinfer_mla:FlashInferMLAImpl.forward_mqa",
     "CUTLASS_MLA": "vllm.v1.attention.backends.mla.cutlass_mla:CutlassMLAImpl.forward_mqa",
     "TOKENSPEED_MLA": "vllm.v1.attention.backends.mla.tokenspeed_mla:TokenspeedMLAImpl.forward_mqa",
+    "CPU_MLA": "vllm.v1.attention.backends.mla.cpu_mla:CPUMLAImpl.forward_mqa",
 }
 PREFILL_FUNCTION = "vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha"
 #: What each real entry point needs loaded: (torch.ops namespace, op) or a Python module.
@@ -72,9 +75,17 @@ _REAL_OPS = {
 _PREFILL_OPS = (("_vllm_fa3_C", "fwd"), ("_C_cache_ops", "cp_gather_cache"), ("_C", "merge_attn_states"))
 
 
-def calls_of(backend: str, path: str) -> tuple[str, ...]:
-    """The compiled calls the check of ``backend`` reaches on ``path`` ("decode" or "prefill")."""
-    return PREFILL_CALLS if path == "prefill" else DECODE_CALLS[backend]
+#: Platforms whose MLA prefill path makes no compiled call: the CPU platform's
+#: (``mla_attention.py``: SDPA prefill, ``gather_mla_context_cache_cpu`` in Python).
+PLAIN_PREFILL_PLATFORMS = ("cpu",)
+
+
+def calls_of(backend: str, path: str, platform: str | None = None) -> tuple[str, ...]:
+    """The compiled calls the check of ``backend`` reaches on ``path`` ("decode" or "prefill") on ``platform``
+    (None: CUDA, the adapter's main process)."""
+    if path == "prefill":
+        return () if platform in PLAIN_PREFILL_PLATFORMS else PREFILL_CALLS
+    return DECODE_CALLS[backend]
 
 
 def _op_loaded(namespace: str, op: str) -> bool:

@@ -520,6 +520,13 @@ class VLLMEngine:
         startup = self.startup(cell, model)
         return self._configured(cell, model, startup)
 
+    def run_check(self, case: Any, spec: Any, *, where: str, dcp_mode: str, timeout_s: float) -> Any:
+        """A check declared by another platform's child runs in that child (None: in this process)."""
+        platform = spec.option_map.get("platform") if spec.protocol == "engine" else None
+        if platform is None or platform == self.platform:
+            return None
+        return self._child(platform).run_check(case, spec, where=where, dcp_mode=dcp_mode, timeout_s=timeout_s)
+
     def _child(self, platform: str) -> PlatformProcess:
         """The adapter of this release built for ``platform``, in its own process (started once)."""
         if self._setup_error is not None:
