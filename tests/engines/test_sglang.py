@@ -252,3 +252,116 @@ def test_flashinfer_mla_draft_trees_are_refused_by_the_draft_backend(tmp_path, v
     assert chain["outcome"]["backends"]["draft_decode"] == "FlashInferMLAMultiStepDraftBackend"
     assert any(n.startswith("[draft worker] FlashInferMLAMultiStepDraftBackend.__init__ stopped at ")
                for n in chain["notes"]), chain["notes"]
+
+
+# ---- the other platforms: each in a child process that loaded SGLang on it (issue 25) ------------
+# The texts are SGLang's own, read in 0.5.22's and 0.5.23's source (file and function named per text).
+
+#: arg_groups/attention_hook.py _check_xpu_dcp
+XPU_DCP_NEEDS_INTEL_XPU = "--dcp-size > 1 on Intel XPU needs --attention-backend intel_xpu."
+XPU_DCP_NO_MLA = "--dcp-size > 1 is not supported for MLA models on Intel XPU."
+XPU_DCP_KV_HEADS = ("--dcp-size 4 at --tp-size 4 needs each rank to hold its DCP group's KV heads, which "
+                    "LlamaForCausalLM does not. Use a smaller --dcp-size.")
+#: layers/attention/dsa_backend.py DeepseekSparseAttnBackend.__init__
+DSA_ONLY = "DSA backend only supports DeepSeek DSA"
+#: arg_groups/overrides.py _dsa_kv_cache_dtype_default
+DSA_KV = "DeepSeek DSA only supports bf16/bfloat16 or fp8_e4m3 kv_cache_dtype"
+#: mem_cache/kv_cache_dtype.py configure_kv_cache_dtype
+CPU_E5M2 = "--kv-cache-dtype fp8_e5m2 is not supported on CPU."
+PLATFORM_RELEASES = [pytest.param(".venv-sglang", id="sglang-0.5.23"),
+                     pytest.param(".venv-sglang-0.5.22", id="sglang-0.5.22")]
+
+
+def _platform_cells(python, tmp_path, *select):
+    result = run_matrix(python, MATRIX, tmp_path, *select, "-n", "0")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = read_results(next(tmp_path.glob("sglang-*[0-9].json")))
+    return report, {c["id"]: c for c in report["cells"]}
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_xpu_cells_meet_sglangs_xpu_checks_in_the_xpu_process(tmp_path, venv):
+    """XPU's DCP check refuses every backend but intel_xpu, then MLA, then Llama's KV-head layout;
+    without DCP intel_xpu builds SGLang's XPUAttentionBackend, whose decode kernel this host lacks."""
+    report, cells = _platform_cells(
+        venv_python(venv), tmp_path, "--mla-select=model=deepseek-v3,llama-3.1-8b",
+        "--mla-select=backend=triton,intel_xpu", "--mla-select=dcp=1,4", "--mla-select=spec=none",
+        "--mla-select=arch=xpu", "--mla-select=kv_dtype=auto", "--mla-kernel=auto")
+    assert len(cells) == 8
+
+    def outcome(model, backend, dcp):
+        return cells[f"{model}/{backend}/dcp{dcp}/none/xpu/kv-auto"]["outcome"]
+
+    for model in ("deepseek-v3", "llama-3.1-8b"):
+        assert outcome(model, "triton", 4)["message"] == XPU_DCP_NEEDS_INTEL_XPU
+    assert outcome("deepseek-v3", "intel_xpu", 4)["message"] == XPU_DCP_NO_MLA
+    assert outcome("llama-3.1-8b", "intel_xpu", 4)["message"] == XPU_DCP_KV_HEADS
+    accepted = cells["deepseek-v3/intel_xpu/dcp1/none/xpu/kv-auto"]
+    assert accepted["outcome"]["backends"]["decode"] == "XPUAttentionBackend"
+    assert accepted["kernel"]["status"] == "not-run"
+    assert "flash_attn_with_kvcache" in accepted["kernel"]["reason"]
+    triton = cells["deepseek-v3/triton/dcp1/none/xpu/kv-auto"]
+    assert triton["kernel"]["status"] == "not-run" and "decode_attention_fwd" in triton["kernel"]["reason"]
+    assert report["run"]["engine"]["coverage"]["uncovered_mla"] == []
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_cpu_cells_meet_sglangs_cpu_checks_in_the_cpu_process(tmp_path, venv):
+    """intel_amx is IntelAMXAttnBackend with AMX tiles and torch_native without; no fp8_e5m2 cache on
+    CPU; a DSA checkpoint crashes SGLang's start-up there (torch.cuda asked), the matrix's known bug."""
+    _, cells = _platform_cells(
+        venv_python(venv), tmp_path, "--mla-select=model=deepseek-v3,deepseek-v3.2",
+        "--mla-select=backend=intel_amx", "--mla-select=dcp=1", "--mla-select=spec=none",
+        "--mla-select=arch=cpu,cpu_amx", "--mla-select=kv_dtype=auto,fp8_e5m2", "--mla-kernel=auto")
+    assert len(cells) == 8
+    amx = cells["deepseek-v3/intel_amx/dcp1/none/cpu_amx/kv-auto"]
+    assert amx["outcome"]["backends"]["decode"] == "IntelAMXAttnBackend"
+    assert amx["kernel"]["status"] == "not-run" and "decode_attention_cpu" in amx["kernel"]["reason"]
+    no_amx = cells["deepseek-v3/intel_amx/dcp1/none/cpu/kv-auto"]["outcome"]
+    assert no_amx["backends"]["decode"] == "TorchNativeAttnBackend"
+    for arch in ("cpu", "cpu_amx"):
+        e5m2 = cells[f"deepseek-v3/intel_amx/dcp1/none/{arch}/kv-fp8_e5m2"]["outcome"]
+        assert (e5m2["error"], e5m2["message"]) == ("ValueError", CPU_E5M2)
+        sparse = cells[f"deepseek-v3.2/intel_amx/dcp1/none/{arch}/kv-auto"]
+        assert sparse["verdict"] == "xfail" and sparse["outcome"]["kind"] == "crashed"
+        assert "model_hook.py" in sparse["outcome"]["message"], sparse["outcome"]
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_rocm_cells_meet_sglangs_checks_and_aiter_wave_are_unreachable(tmp_path, venv):
+    """On gfx942/gfx950: dsa refuses a dense model and an fp8_e5m2 DSA cache and builds its backend for
+    DeepSeek-V3.2; aiter and wave stop where their modules need AMD's libraries: skips naming them."""
+    _, cells = _platform_cells(
+        venv_python(venv), tmp_path, "--mla-select=model=deepseek-v3,deepseek-v3.2",
+        "--mla-select=backend=dsa,aiter,wave", "--mla-select=dcp=1", "--mla-select=spec=none",
+        "--mla-select=arch=gfx942,gfx950", "--mla-select=kv_dtype=auto,fp8_e5m2")
+    assert len(cells) == 24
+    for arch in ("gfx942", "gfx950"):
+        dense = cells[f"deepseek-v3/dsa/dcp1/none/{arch}/kv-auto"]["outcome"]
+        assert (dense["error"], dense["message"]) == ("AssertionError", DSA_ONLY)
+        e5m2 = cells[f"deepseek-v3.2/dsa/dcp1/none/{arch}/kv-fp8_e5m2"]["outcome"]
+        assert (e5m2["error"], e5m2["message"]) == ("AssertionError", DSA_KV)
+        sparse = cells[f"deepseek-v3.2/dsa/dcp1/none/{arch}/kv-auto"]["outcome"]
+        assert sparse["backends"]["decode"] == "DeepseekSparseAttnBackend"
+        wave = cells[f"deepseek-v3/wave/dcp1/none/{arch}/kv-auto"]
+        assert wave["verdict"] == "skip" and wave["outcome"]["error"] == "UnreachableError"
+        assert "'wave_lang'" in wave["reason"]
+        aiter = cells[f"deepseek-v3/aiter/dcp1/none/{arch}/kv-auto"]
+        assert aiter["verdict"] == "skip" and aiter["outcome"]["error"] == "UnreachableError"
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_npu_cells_stop_at_torch_npu_and_other_platforms_backends_are_out_of_scope(tmp_path, venv):
+    """Loading SGLang for the NPU platform imports torch_npu: a skip naming it, never a refusal. A platform's
+    own backend on another platform is outside the matrix (skipped without reaching SGLang)."""
+    _, cells = _platform_cells(
+        venv_python(venv), tmp_path, "--mla-select=model=deepseek-v3", "--mla-select=backend=ascend,intel_amx",
+        "--mla-select=dcp=1", "--mla-select=spec=none", "--mla-select=arch=npu,cpu_amx",
+        "--mla-select=kv_dtype=auto")
+    assert len(cells) == 4
+    ascend = cells["deepseek-v3/ascend/dcp1/none/npu/kv-auto"]
+    assert ascend["verdict"] == "skip" and ascend["outcome"]["error"] == "UnreachableError"
+    assert "'torch_npu'" in ascend["reason"]
+    for cell_id in ("deepseek-v3/intel_amx/dcp1/none/npu/kv-auto", "deepseek-v3/ascend/dcp1/none/cpu_amx/kv-auto"):
+        assert cells[cell_id]["verdict"] == "skip" and cells[cell_id]["outcome"] is None
+        assert cells[cell_id]["reason"].startswith("outside this matrix: ")

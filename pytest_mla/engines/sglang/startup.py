@@ -748,6 +748,16 @@ PLATFORM_DECODERS = {
     "ascend": "torch_npu's fused attention ops",
     "wave": "wave_lang's decode kernel",
 }
+#: SGLang backends whose decode code is the CUDA process's, run on another platform's device there.
+DEVICE_DECODERS = {
+    "triton": "TritonAttnBackend.forward_decode's Triton kernel (decode_attention_fwd)",
+    "torch_native": "TorchNativeAttnBackend.forward_decode (torch.nn.functional.scaled_dot_product_attention)",
+}
+#: SGLang's sparse-attention backends and what they decode with.
+SPARSE_DECODERS = {
+    "dsa": "DeepseekSparseAttnBackend.forward_decode's sparse MLA kernels (the --dsa-decode-backend SGLang resolves "
+           "for the platform)",
+}
 
 
 def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
@@ -766,6 +776,17 @@ def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
                 "on the CPU platform is not written yet")
     if decode_backend in PLATFORM_DECODERS:
         return f"SGLang's {decode_backend} decodes with {PLATFORM_DECODERS[decode_backend]}, which this host lacks"
+    if decode_backend == "triton" and platform == "cpu":
+        return (f"SGLang's triton on the cpu platform ({arch}) decodes with {DEVICE_DECODERS['triton']}, which "
+                "Triton compiles for GPUs only; the engine checks run it under Triton's interpreter in the CUDA "
+                "process only")
+    if decode_backend in DEVICE_DECODERS:
+        return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
+                f"{DEVICE_DECODERS[decode_backend]} on a {platform} device, which this host lacks; the engine checks "
+                "run that code in the CUDA process only")
+    if decode_backend in SPARSE_DECODERS:
+        return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
+                f"{SPARSE_DECODERS[decode_backend]}, which has no emulation yet")
     return (f"SGLang's {decode_backend} on the {platform} platform ({arch}): the engine checks run in the CUDA "
             "process on SGLang's triton backend only")
 
