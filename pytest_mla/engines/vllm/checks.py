@@ -786,6 +786,15 @@ ROCM_KERNELS = {
     "ROCM_AITER_TRITON_MLA": "aiter.mla.mla_decode_fwd",
     "ROCM_AITER_MLA_SPARSE": "ROCMAiterMLASparseImpl._forward_mla_aiter (aiter's sparse MLA decode)",
 }
+#: Other platforms' backends whose engine check is not written yet, and what each decodes with.
+UNCHECKED_KERNELS = {
+    "CPU_ATTN": ("torch.ops._C.cpu_attention_with_kv_cache (with cpu_attn_reshape_and_cache and "
+                 "cpu_attn_get_scheduler_metadata), which has no emulation yet"),
+    "ROCM_ATTN": ("vllm.v1.attention.ops.chunked_prefill_paged_decode (its ROCm paged-attention decode); "
+                  "no engine check drives it yet"),
+    "XPU_MLA_SPARSE": ("vllm.v1.attention.ops.xpu_mla_sparse.triton_bf16_mla_sparse_interface over the indexer's "
+                       "top-k; the engine checks have no sparse-MLA driver yet"),
+}
 
 
 def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
@@ -897,8 +906,9 @@ def other_platform_reason(name: str, arch: str, platform: str | None) -> str:
         return f"vLLM's {name} decodes with torch.ops._C.{op}; its engine check is not written yet"
     if name in ROCM_KERNELS:
         return f"vLLM's {name} decodes with {ROCM_KERNELS[name]}, which has no emulation yet"
-    return (f"vLLM's {name} on the {platform} platform ({arch}): the engine checks drive vLLM's CUDA-platform "
-            "layers only")
+    if name in UNCHECKED_KERNELS:
+        return f"vLLM's {name} on the {platform} platform ({arch}) decodes with {UNCHECKED_KERNELS[name]}"
+    return f"vLLM's {name} on the {platform} platform ({arch}): no engine check drives this backend yet"
 
 
 def _spec_tokens(cell: Any) -> tuple[int, str | None]:
