@@ -186,7 +186,7 @@ def test_trtllm_mha_slice_is_verified_emulated_a_declared_finding_or_not_run_nam
                         "--mla-select=spec=none,eagle-1x3", "--mla-select=dcp=1,4", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     cells = [c for c in read_results(next(tmp_path.glob("sglang-*[0-9].json")))["cells"]
-             if c["outcome"]["kind"] == "accepted"]
+             if (c.get("outcome") or {}).get("kind") == "accepted"]  # out-of-scope cells: no outcome
     assert len(cells) == 16, [c["id"] for c in cells]
     for c in cells:
         kernel, coords = c["kernel"], c["coords"]
