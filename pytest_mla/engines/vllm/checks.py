@@ -48,6 +48,8 @@ import re
 import threading
 from typing import Any, Iterator, Mapping
 
+from .kernel_source import _Shared
+
 PACKAGE = "vllm"
 RUNNER = "pytest_mla.engines.vllm.startup:run_mla"  # the adapter module: it makes the process's engine first
 #: The function that computes the attention (the kernel record names it).
@@ -400,31 +402,13 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
         holder.bind(None)
 
 
-_arch_held = {"arch": None, "count": 0, "stack": None}
+#: One ``platforms.on(arch)`` for all rank threads of a check (refcounted): a rank leaving must not put the
+#: module flags back (ROCm's ``_GCN_ARCH``) under a rank still running.
+_arch_holder = _Shared()
 
 
-@contextlib.contextmanager
-def _platform_on(platforms: Any, arch: str) -> Iterator[None]:
-    """``platforms.on(arch)`` once for all rank threads of a check (refcounted): a rank leaving
-    must not put the module flags back (ROCm's ``_GCN_ARCH``) under a rank still running."""
-    from ...core.errors import AdapterError
-
-    with _lock:
-        if _arch_held["count"] == 0:
-            stack = contextlib.ExitStack()
-            stack.enter_context(platforms.on(arch))
-            _arch_held.update(arch=arch, stack=stack)
-        elif _arch_held["arch"] != arch:
-            raise AdapterError("kernel check", f"a check on {arch} while one on {_arch_held['arch']} runs")
-        _arch_held["count"] += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _arch_held["count"] -= 1
-            if _arch_held["count"] == 0:
-                stack, _arch_held["stack"], _arch_held["arch"] = _arch_held["stack"], None, None
-                stack.close()
+def _platform_on(platforms: Any, arch: str) -> Any:
+    return _arch_holder.enter(arch, lambda: platforms.on(arch))
 
 
 def backend_class(name: str) -> Any:

@@ -77,23 +77,13 @@ from typing import Any, Optional
 
 import torch
 
-from .flashinfer import get_device_sm_count, get_trtllm_gen_multi_ctas_kv_counter_bytes
+from .flashinfer import _scalar, get_device_sm_count, get_trtllm_gen_multi_ctas_kv_counter_bytes
 from .glue import OutOfContractError, as_float64, attend, bottom_right_visible, gather_pages, to_base2, write_out
 
 __all__ = ["EMULATIONS", "trtllm_batch_decode_with_kv_cache", "unpack_xqa_mask"]
 
 _HALF = (torch.float16, torch.bfloat16)
 _E4M3 = torch.float8_e4m3fn
-
-
-def _scale(name: str, value: Any) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.dtype != torch.float32:
-            raise TypeError(f"{name} tensor must have dtype torch.float32")
-        if value.numel() != 1:
-            raise OutOfContractError(name, f"a tensor of {value.numel()} elements: one scale is modelled")
-        return float(value.item())
-    return float(value)
 
 
 def _refuse(**flags: Any) -> None:
@@ -198,7 +188,7 @@ def trtllm_batch_decode_with_kv_cache(
         raise OutOfContractError("out_dtype", f"{out_dtype!r} (NVFP4 output) is not modelled")
     k_cache, v_cache = _caches(kv_cache, kv_layout)
     which = _backend(backend)
-    b1, b2 = _scale("bmm1_scale", bmm1_scale), _scale("bmm2_scale", bmm2_scale)
+    b1, b2 = _scalar("bmm1_scale", bmm1_scale), _scalar("bmm2_scale", bmm2_scale)  # flashinfer.py's, one rule
     if k_cache.dtype != v_cache.dtype:
         raise AssertionError("K and V cache must have the same dtype")
     if query.dim() != 3:
