@@ -70,6 +70,8 @@ NUM_KV_SPLITS = 2
 GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "flashinfer": (("sm80", "sm90", "sm100"), ("flashinfer", "sgl_kernel")),
     "fa3": (("sm80", "sm90"), ("sgl_kernel",)),
+    # FA4: SGLang's vendored CuTe copy needs NVIDIA's CuTe DSL (``cutlass``); on SM120 another module
+    "fa4": (("sm80", "sm90", "sm100"), ("cutlass",)),
     "flashmla": (("sm90", "sm100"), ("sgl_kernel",)),
     "cutlass_mla": (("sm100",), ("sgl_kernel",)),
     "trtllm_mla": (("sm100",), ("flashinfer", "sgl_kernel")),
@@ -79,7 +81,7 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 #: CUDA decode backends whose own code runs here around emulated kernels (``emulation``) when
 #: their GPU is not: every kernel library call they make has an emulation in ``kernels.emulated``.
-EMULATED = ("flashinfer", "fa3", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla")
+EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
@@ -191,7 +193,7 @@ def _importable(module: str) -> bool:
 
 def _class_of(backend: str) -> str:
     return {"triton": "TritonAttnBackend", "flashinfer": "FlashInferMLAAttnBackend", "fa3": "FlashAttentionBackend",
-            "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
+            "fa4": "FlashAttentionBackend", "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
             "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
             "torch_native": "TorchNativeAttnBackend"}.get(backend, backend)
 

@@ -40,6 +40,7 @@ def backend_module(backend: str) -> str:
     return {"triton": "sglang.srt.layers.attention.triton_backend",
             "flashinfer": "sglang.srt.layers.attention.flashinfer_mla_backend",
             "fa3": "sglang.srt.layers.attention.flashattention_backend",
+            "fa4": "sglang.srt.layers.attention.flashattention_backend",
             "flashmla": "sglang.srt.layers.attention.flashmla_backend",
             "cutlass_mla": "sglang.srt.layers.attention.cutlass_mla_backend",
             "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",

@@ -48,7 +48,10 @@ The contract, all in one place:
   that position is ``<= i + cp_tot_seqused_k - seqlen_q`` and
   ``< cp_tot_seqused_k`` [vllm-project/flash-attention hopper/mask.h].
 * ``merge_state_v2(v_a, s_a, v_b, s_b)``: ``v [tokens, H, d]``, ``s [tokens, H]``
-  natural log (cast to float32); any infinite LSE is treated as ``-inf``
+  natural log (cast to float32); the op's shape checks are kept and raise its
+  ``RuntimeError`` (``CHECK_DIM``, ``CHECK_SHAPE``, ``CHECK_EQ(v_a.size(0),
+  s_a.size(0))``, ``CHECK_EQ(v_a.size(1), s_b.size(1))``): an LSE handed over in
+  another layout is refused on a GPU too; any infinite LSE is treated as ``-inf``
   (``isinf(x) ? -INFINITY : x``), then ``s = log(e^{s_a-m} + e^{s_b-m}) + m`` with
   ``m = max``; **both sides empty gives NaN** (``-inf - -inf``) — the CUDA
   kernel's arithmetic, reproduced [sgl-kernel csrc merge_attn_states.cu, from
@@ -299,12 +302,19 @@ def flash_attn_varlen_func(
 def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
     """``sgl_kernel.merge_state_v2``: merge two partial attention states by their natural-log LSE."""
     check_dtype("v_a", v_a, (torch.bfloat16, torch.float16, torch.float32))
-    if v_b.dtype != v_a.dtype or v_a.shape != v_b.shape:
-        raise OutOfContractError("v_b", f"{v_b.dtype} {tuple(v_b.shape)} differs from v_a {v_a.dtype} "
-                                        f"{tuple(v_a.shape)}")
-    if v_a.dim() != 3 or tuple(s_a.shape) != tuple(v_a.shape[:2]) or tuple(s_b.shape) != tuple(v_a.shape[:2]):
-        raise OutOfContractError("s_a", f"expects v [tokens, heads, d] and s [tokens, heads], got v "
-                                        f"{tuple(v_a.shape)}, s {tuple(s_a.shape)} / {tuple(s_b.shape)}")
+    if v_b.dtype != v_a.dtype:
+        raise OutOfContractError("v_b", f"{v_b.dtype} differs from v_a {v_a.dtype}")
+    # the op's own checks (merge_attn_states.cu merge_state_v2: CHECK_DIM, CHECK_SHAPE, CHECK_EQ), raised as it does
+    for name, t, dim in (("v_a", v_a, 3), ("s_a", s_a, 2), ("v_b", v_b, 3), ("s_b", s_b, 2)):
+        if t.dim() != dim:
+            raise RuntimeError(f"{name} must be a {dim}D tensor")
+    if v_a.shape != v_b.shape or s_a.shape != s_b.shape:
+        raise RuntimeError(f"v_a {tuple(v_a.shape)} / v_b {tuple(v_b.shape)}, s_a {tuple(s_a.shape)} / s_b "
+                           f"{tuple(s_b.shape)}: CHECK_SHAPE failed")
+    for what, x, y in (("v_a.size(0), s_a.size(0)", v_a.shape[0], s_a.shape[0]),
+                       ("v_a.size(1), s_b.size(1)", v_a.shape[1], s_b.shape[1])):
+        if x != y:
+            raise RuntimeError(f"CHECK_EQ({what}) failed. {x} vs {y}")
     a = as_float64(s_a.to(torch.float32))
     b = as_float64(s_b.to(torch.float32))
     a = torch.where(torch.isinf(a), -math.inf, a)

@@ -4,7 +4,10 @@ An engine reaches a kernel library in one of three ways, and each is met here
 for the duration of a ``with emulations_installed(names) as log:`` block:
 
 * ``import flash_mla`` / ``from flashinfer.mla import X`` of a library that is
-  not installed (a CPU host): a stand-in module is put in ``sys.modules``
+  not installed (a CPU host), or of a subpackage of an installed one that fails
+  to import (SGLang's vendored FlashAttention-4 needs NVIDIA's CuTe DSL): a
+  stand-in module is put in ``sys.modules`` (only that package: the real
+  parent's other modules import, or fail, as they do)
   (with its parent packages and a module spec, so ``importlib.util.find_spec``
   finds it and an engine's "is the library available" probe says yes). It
   holds the emulations; a name the emulated release does not define
@@ -23,8 +26,8 @@ time) are rebound too. An engine module imported while the library was absent
 skipped its guarded ``if library_available(): from library import A, B``:
 with ``late_imports=("sglang",)`` the names such module-level imports of a
 stood-in library would have bound are bound now, in the loaded modules of those
-packages, where still missing — what the import does on a host that has the
-library. Everything is put back afterwards. Every call of an
+packages, where still missing or ``None`` (a guarded import's fallback) —
+what the import does on a host that has the library. Everything is put back afterwards. Every call of an
 emulation is logged as its ``"module:qualname"`` (``log.called``): that list
 is what a cell's record names as emulated — never the list of what was merely
 installed.
@@ -211,7 +214,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         parent, _, leaf = fullname.rpartition(".")
-        if fullname.split(".")[0] in self.roots and leaf not in _ABSENT.get(parent, ()):
+        if _within(fullname, self.roots) and leaf not in _ABSENT.get(parent, ()):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -224,6 +227,17 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass
+
+
+def _outermost(paths: Iterable[str]) -> set[str]:
+    """The stand-in packages not inside another: ``flashinfer`` for ``flashinfer.mla``, or a stood-in
+    subpackage of a real package (``sglang.kernels.ops.attention.flash_attn.cute``), never the real parent."""
+    paths = set(paths)
+    return {p for p in paths if not any(p.startswith(q + ".") for q in paths)}
+
+
+def _within(name: str, roots: Iterable[str]) -> bool:
+    return any(name == root or name.startswith(root + ".") for root in roots)
 
 
 def _rebind(previous: Any, name: str, value: Any, patches: _Patches) -> None:
@@ -299,10 +313,10 @@ def _bind_late_imports(packages: Iterable[str], stood_in: set[str], patches: _Pa
             continue
         if not any(name == p or name.startswith(p + ".") for p in prefixes):
             continue
-        imports = [i for i in _module_level_imports(module, stood_in) if i[0].split(".")[0] in stood_in]
+        imports = [i for i in _module_level_imports(module, stood_in) if _within(i[0], stood_in)]
         for library, attr, bound_as in imports:
-            if bound_as in module.__dict__:
-                continue
+            if module.__dict__.get(bound_as) is not None:
+                continue  # bound; None is what a guarded import's fallback bound when the library was absent
             source = sys.modules.get(library) or _PlaceholderModule(library)
             if attr and attr in _ABSENT.get(library, ()):
                 continue  # the import itself fails against that release: nothing would be bound
@@ -356,14 +370,14 @@ def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None =
             previous = module.__dict__.get(attr) if not isinstance(module, _StandIn) else None
             patches.set(module, attr, value)
             _rebind(previous, attr, value, patches)
-        roots = {path.split(".")[0] for path, module in _STAND_INS.items() if sys.modules.get(path) is module}
+        roots = _outermost(path for path, module in _STAND_INS.items() if sys.modules.get(path) is module)
         if roots:
             finder = _StandInFinder(roots)
             sys.meta_path.append(finder)
 
             def forget() -> None:
                 sys.meta_path.remove(finder)
-                for name in [n for n in sys.modules if n.split(".")[0] in roots]:
+                for name in [n for n in sys.modules if _within(n, roots)]:
                     if isinstance(sys.modules[name], _StandIn):
                         del sys.modules[name]
                         _STAND_INS.pop(name, None)
@@ -371,7 +385,7 @@ def emulations_installed(names: Iterable[str], registry: dict[str, Any] | None =
             patches._undo.append(forget)
         for module_name in preload:
             importlib.import_module(module_name)
-        stood_in = {n.split(".")[0] for n, m in sys.modules.items() if isinstance(m, _StandIn)}
+        stood_in = _outermost(n for n, m in sys.modules.items() if isinstance(m, _StandIn))
         if late_imports and stood_in:
             _bind_late_imports(late_imports, stood_in, patches)
         yield log

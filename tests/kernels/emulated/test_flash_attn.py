@@ -100,6 +100,19 @@ def test_merge_treats_any_infinite_lse_as_empty_and_both_empty_as_nan():
     assert v.dtype == torch.bfloat16 and s.dtype == torch.float32
 
 
+def test_merge_keeps_the_ops_shape_checks_an_lse_in_head_major_layout_raises():
+    """merge_attn_states.cu checks CHECK_EQ(v_a.size(0), s_a.size(0)): an LSE passed as [heads, tokens] is refused."""
+    g = gen_generator(61)
+    va, vb = gen_uniform_values((5, 2, 8), g).bfloat16(), gen_uniform_values((5, 2, 8), g).bfloat16()
+    sa, sb = gen_uniform_values((5, 2), g), gen_uniform_values((5, 2), g)
+    with pytest.raises(RuntimeError, match=r"CHECK_EQ\(v_a.size\(0\), s_a.size\(0\)\) failed. 5 vs 2"):
+        flash_attn.merge_state_v2(va, sa.T.contiguous(), vb, sb.T.contiguous())
+    with pytest.raises(RuntimeError, match="s_a must be a 2D tensor"):
+        flash_attn.merge_state_v2(va, sa[..., None], vb, sb[..., None])
+    with pytest.raises(RuntimeError, match="CHECK_SHAPE failed"):
+        flash_attn.merge_state_v2(va, sa, vb, sb[:4])
+
+
 def test_varlen_prefill_matches_reference_with_bottom_right_causal():
     """vLLM's MLA prefill: unpaged varlen q/k/v with cu_seqlens, d_qk 192 and d_v 128, causal bottom-right."""
     g = gen_generator(59)

@@ -161,3 +161,35 @@ def test_a_module_kept_from_an_earlier_check_answers_with_the_installation_in_fo
         assert kept.decode() == 8 and log.called == names
     with pytest.raises(OutOfContractError, match="has no emulation"):
         kept.decode()
+
+
+def test_an_unimportable_subpackage_of_a_real_package_is_stood_in_and_its_guarded_none_rebound(tmp_path, monkeypatch):
+    """SGLang's vendored FA4 (``sglang.kernels...flash_attn.cute``) fails to import without NVIDIA's CuTe DSL;
+    its wrapper binds ``None`` in a guarded import. Only that subpackage is stood in (the real parent
+    package's other missing modules still fail to import), and the ``None`` gets the emulation."""
+    pkg = tmp_path / "pytest_mla_real_pkg"
+    (pkg / "vendored").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "vendored" / "__init__.py").write_text("import pytest_mla_no_such_dsl\n")
+    (pkg / "wrapper.py").write_text(
+        "try:\n"
+        "    from pytest_mla_real_pkg.vendored import attend as _attend\n"
+        "except Exception:\n"
+        "    _attend = None\n"
+        "def call(x):\n"
+        "    if _attend is None:\n"
+        "        raise ImportError('vendored kernels unavailable')\n"
+        "    return _attend(x)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pytest_mla_real_pkg.wrapper as wrapper
+
+    assert wrapper._attend is None
+    names = ["pytest_mla_real_pkg.vendored:attend"]
+    with emulations_installed(names, {names[0]: lambda x: x + 1}, late_imports=("pytest_mla_real_pkg",)) as log:
+        assert wrapper.call(1) == 2 and log.called == names
+        with pytest.raises(ImportError):  # the real package is not stood in: its absent modules stay absent
+            importlib.import_module("pytest_mla_real_pkg.not_there")
+        assert importlib.import_module("pytest_mla_real_pkg.vendored.interface")  # inside the stand-in: a stand-in
+    assert wrapper._attend is None
+    with pytest.raises(ImportError):
+        importlib.import_module("pytest_mla_real_pkg.vendored")
