@@ -472,14 +472,34 @@ def _build_layer(options: Mapping[str, Any], scale: float, device: Any) -> Any:
     return layer
 
 
+def _loaded_kv_scale(kv_scale: float | None) -> float | None:
+    """The layer's KV scale once vLLM has loaded a checkpoint's (``BaseKVCacheMethod``).
+
+    ``kv_scale`` 1.0 is a checkpoint without KV scales (the loader's default,
+    1.0 on every platform); another value is the checkpoint's, which
+    ``process_weights_after_loading`` doubles where the platform's fp8 is
+    e4m3fnuz (``current_platform.is_fp8_fnuz()``, kv_cache.py 0.34.0:113-117:
+    fnuz's largest value is half of e4m3fn's).
+    """
+    if kv_scale is None or float(kv_scale) == 1.0:
+        return kv_scale
+    from vllm.platforms import current_platform
+
+    fnuz = getattr(current_platform, "is_fp8_fnuz", None)
+    return float(kv_scale) * (2.0 if fnuz is not None and fnuz() else 1.0)
+
+
 def _set_kv_scales(layer: Any, kv_scale: float | None) -> None:
     """The layer's KV-cache scales as a checkpoint that stores them sets them (``BaseKVCacheMethod``).
 
     ``process_weights_after_loading`` copies the checkpoint's ``k_scale`` /
-    ``v_scale`` into ``_k_scale`` / ``_v_scale`` and their floats; a checkpoint
-    without them leaves 1.0. The query scale stays 1.0 (no ``q_scale`` in
-    these checkpoints).
+    ``v_scale`` into ``_k_scale`` / ``_v_scale`` and their floats (doubled on
+    an e4m3fnuz platform: ``_loaded_kv_scale``); a checkpoint without them
+    leaves 1.0. The query scale stays 1.0 (vLLM sets it to ``k_scale`` for a
+    checkpoint without ``q_scale``; the checks' FP8-query paths do not model
+    that yet).
     """
+    kv_scale = _loaded_kv_scale(kv_scale)
     if kv_scale is None:
         return
     for name in ("_k_scale", "_v_scale"):
@@ -538,13 +558,14 @@ def _nan_cache(shape: tuple[int, ...], spec_dtype: Any, device: Any) -> Any:
     return cache
 
 
-def _stored(rows: Any, cache_dtype: Any) -> Any:
+def _stored(rows: Any, cache_dtype: Any, kv_scale: float | None = None) -> Any:
     """``rows`` as the cache holds them: fp8 values as the bytes of the platform's own fp8 format.
 
-    The check's fp8 values are e4m3fn; ROCm on gfx942 stores and reads
-    e4m3fnuz (``current_platform.fp8_dtype()``), as its cache-write op would
-    have written them. Every value must convert exactly (else the adapter's
-    error: the check would compare other numbers than it wrote).
+    The check's fp8 values are e4m3fn of ``x / kv_scale``; ROCm on gfx942
+    stores and reads e4m3fnuz (``current_platform.fp8_dtype()``) of ``x /``
+    the loaded scale (doubled there: ``_loaded_kv_scale``), as its cache-write
+    op would have written them. Every value must convert exactly (else the
+    adapter's error: the check would compare other numbers than it wrote).
     """
     import torch
 
@@ -554,8 +575,9 @@ def _stored(rows: Any, cache_dtype: Any) -> Any:
         return rows.to(cache_dtype)
     fp8 = current_platform_fp8()
     if rows.dtype != fp8:
-        converted = rows.to(torch.float32).to(fp8)
-        if not torch.equal(converted.to(torch.float32), rows.to(torch.float32)):
+        ratio = 1.0 if kv_scale is None else float(kv_scale) / float(_loaded_kv_scale(kv_scale))
+        converted = (rows.to(torch.float32) * ratio).to(fp8)
+        if not torch.equal(converted.to(torch.float32), rows.to(torch.float32) * ratio):
             raise AdapterError("kernel check", f"the check's {rows.dtype} cache values do not convert exactly to "
                                                f"the platform's {fp8}")
         rows = converted
@@ -579,7 +601,7 @@ def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int
     cache = _nan_cache((inputs.kv_cache.shape[0], block, inputs.kv_cache.shape[-1]), spec.dtype, device)
     if slots.numel():
         rows = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
-        _write(cache.view(-1, cache.shape[-1]), slots, rows.reshape(slots.numel(), -1))
+        _write(cache.view(-1, cache.shape[-1]), slots, rows.reshape(slots.numel(), -1), inputs.kv_scale)
     local = None
     if world > 1:
         from vllm.v1.worker.gpu.cp_utils import prepare_dcp_local_seq_lens
@@ -591,13 +613,13 @@ def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int
     return cache, table, local
 
 
-def _write(flat: Any, slots: Any, rows: Any) -> None:
+def _write(flat: Any, slots: Any, rows: Any, kv_scale: float | None = None) -> None:
     """``flat[slot] = row`` for this rank's tokens (``PAD_SLOT_ID`` marks the others'); fp8 rows as bytes."""
     import torch
     from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 
     mine = slots != PAD_SLOT_ID
-    flat[slots[mine]] = _stored(rows[mine], flat.dtype)
+    flat[slots[mine]] = _stored(rows[mine], flat.dtype, kv_scale)
 
 
 def _dense_rows(cache: Any, block_table: Any, i: int, n: int) -> Any:
@@ -844,10 +866,6 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
 
     where = ensure_triton_mode()
     extra = {"platform": platform, "arch": str(cell.arch)}
-    if str(cell.kv_dtype or "auto").startswith("fp8") and _fp8_fnuz(engine, str(cell.arch)):
-        return None, (f"vLLM on {cell.arch} stores an fp8 KV cache as e4m3fnuz (largest value 240; a checkpoint's "
-                      "KV scales are doubled when loaded): the check's e4m3fn cache (values up to 448 at k_scale 1) "
-                      "has no faithful fnuz copy yet")
     if name in ATTN_FUNCTIONS and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
     path = _path_of(cell, startup)
@@ -856,15 +874,6 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
                       f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), whose "
                       "compiled calls on this platform have no check yet")
     return _mla_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
-
-
-def _fp8_fnuz(engine: Any, arch: str) -> bool:
-    """Whether vLLM's platform answers ``is_fp8_fnuz()`` for ``arch`` (ROCm's MI300 series)."""
-    from vllm.platforms import current_platform
-
-    with engine._platforms.on(arch):
-        check = getattr(current_platform, "is_fp8_fnuz", None)
-        return bool(check()) if check is not None else False
 
 
 def _platform_notes(options: Mapping[str, Any]) -> tuple[str, ...]:
@@ -1159,7 +1168,7 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             v = torch.cat([_dense_rows(inputs.v_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
-            _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block)
+            _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block, inputs.kv_scale)
         if kernel_block != block:  # kernel blocks: [blocks * r, heads, kernel_block, 2d] over the same tokens
             r = block // kernel_block
             cache = cache.view(-1, h_kv, r, kernel_block, 2 * d).transpose(1, 2).reshape(-1, h_kv, kernel_block, 2 * d)
@@ -1222,11 +1231,11 @@ def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     return run_attn(inputs, ctx, {**options, "backend": "TRITON_ATTN"})
 
 
-def _write_tokens(cache: Any, slots: Any, rows: Any, block: int) -> None:
+def _write_tokens(cache: Any, slots: Any, rows: Any, block: int, kv_scale: float | None = None) -> None:
     """Token ``t`` at slot ``s``: ``cache[s // block, :, s % block] = rows[t]`` (this layout's heads-first blocks)."""
     import torch
     from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 
     mine = slots != PAD_SLOT_ID
     slots, rows = slots[mine], rows[mine]
-    cache[slots // block, :, slots % block] = _stored(rows, cache.dtype)
+    cache[slots // block, :, slots % block] = _stored(rows, cache.dtype, kv_scale)
