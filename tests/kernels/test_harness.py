@@ -15,6 +15,15 @@ from pytest_mla.kernels.reference import ref_kernel
 RECORD_KEYS = {"status", "where", "seed", "case", "errors", "tolerance", "time_s", "message", "kv_scale", "power"}
 
 
+def needs_triton():
+    """Skip without Triton; the mode first (Triton reads TRITON_INTERPRET when it decorates, its own
+    ``triton.language`` helpers included, so importing it first would fix the wrong mode)."""
+    from pytest_mla.kernels._mode import ensure_triton_mode
+
+    ensure_triton_mode()
+    pytest.importorskip("triton")
+
+
 def coords(model="deepseek-v3", dcp=1, spec="none", arch="sm90", backend="triton", **extra):
     return {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": arch, **extra}
 
@@ -128,13 +137,13 @@ def test_record_of_a_failed_run_says_why(kernel, needle, assert_plain):
 
 
 def test_real_kernel_verifies_a_model_case():
-    pytest.importorskip("triton")
+    needs_triton()
     rec = run_kernel_check(_small_case(dcp=2, spec="eagle-2x2"), "pytest_mla.kernels.triton_mla:mla_decode")
     assert rec["status"] == "verified", rec["message"]
 
 
 def test_real_kernel_fp8_and_gqa_cases():
-    pytest.importorskip("triton")
+    needs_triton()
     for c in (_small_case(kv_dtype="fp8_e4m3", spec="eagle-1x3"), case("llama-3.1-8b", tp=8, dcp=2)):
         rec = run_kernel_check(c, "pytest_mla.kernels.triton_mla:mla_decode")
         assert rec["status"] == "verified", rec["message"]
@@ -255,3 +264,31 @@ def test_xdist_workers_share_the_cores_for_torch_threads(env, expect):
         assert after == max(1, min(before, cpus // 2))
     else:
         assert after == before
+
+
+def test_checked_inputs_are_generated_once_per_case_and_every_caller_gets_its_own_copy(monkeypatch):
+    """One case's inputs serve every arch and backend: generated once per process, the same bits as a fresh
+    generation, and a caller that writes into its tensors or its power record leaves the next one's intact."""
+    import torch
+
+    from pytest_mla.kernels import harness
+    from pytest_mla.kernels.compare import tolerance_for
+
+    c = _small_case(kv_dtype="fp8_e4m3")
+    tol = tolerance_for(c.dtype, c.kv_dtype).out
+    harness._INPUTS_CACHE.clear()
+    made = []
+    real = harness._generate_checked_inputs
+    monkeypatch.setattr(harness, "_generate_checked_inputs", lambda *a: made.append(a) or real(*a))
+    first, power, _ = harness._checked_inputs(c, tol, 1.0)
+    first.q.fill_(math.nan)
+    first.kv_cache.view(torch.uint8).fill_(0)
+    power["undetected"].append("planted by a caller")
+    again, power_again, _ = harness._checked_inputs(c, tol, 1.0)
+    assert len(made) == 1  # the second call generated nothing
+    fresh, fresh_power, _ = real(c, tol, 1.0)
+    assert torch.equal(again.q, fresh.q) and torch.equal(again.kv_cache.view(torch.uint8),
+                                                          fresh.kv_cache.view(torch.uint8))
+    assert power_again == fresh_power and "planted by a caller" not in power_again["undetected"]
+    harness._checked_inputs(c, tol, "pow2")  # another scale is another case
+    assert len(made) == 2
