@@ -27,6 +27,8 @@ Faults (what a buggy release could ship):
   base 2 (a kernel library's convention) and merges it as natural log.
 * ``flashmla-scale-x1.05``: SGLang's ``FlashMLABackend.forward_decode`` hands
   its (emulated) FlashMLA kernel the layer's softmax scale times 1.05.
+* ``fa4-scale-x1.05``: the same in ``FlashAttentionBackend.forward_decode`` for
+  ``fa4`` (FlashAttention-4's emulated CuTe interface).
 * ``fi-a2a-lse-base-swapped``: ``--dcp-comm-backend fi_a2a``'s reduce
   (``_dcp_fi_a2a_lse_reduce``) merges the partials it received through
   FlashInfer's all-to-all in the other LSE base than the backend's.
@@ -75,6 +77,8 @@ CASES = {
     "v2lite-flashinfer-dcp4-sm100": ("deepseek-v2-lite", "none", 4, "auto", "flashinfer", 1, "sm100"),
     "v3-flashinfer-dcp4-sm100": ("deepseek-v3", "none", 4, "auto", "flashinfer", 1, "sm100"),
     # trtllm_mha (GQA): XQA on sm90, trtllm-gen on sm100 (FlashInfer's trtllm_batch_decode_with_kv_cache)
+    # fa4 (FlashAttention-4's CuTe interface, emulated): MLA decode through the qv path on sm100
+    "v2lite-decode-fa4-sm100": ("deepseek-v2-lite", "none", 1, "auto", "fa4", 1, "sm100"),
     "llama-decode-trtllm-mha-sm90": ("llama-3.1-8b", "none", 1, "auto", "trtllm_mha", 64, "sm90"),
     "llama-chain-trtllm-mha-sm90": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "trtllm_mha", 64, "sm90"),
     "llama-decode-trtllm-mha-sm100": ("llama-3.1-8b", "none", 1, "auto", "trtllm_mha", 64, "sm100"),
@@ -192,6 +196,7 @@ FAULTS = {
     "decode-drops-last-token": (*_DECODE, _decode_short_fault),
     "merge-lse-base2": ("sglang.srt.layers.dcp.comm", "cp_lse_ag_out_rs_mha", _merge_base2_fault),
     "flashmla-scale-x1.05": ("backend:flashmla", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
+    "fa4-scale-x1.05": ("backend:fa4", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
     "fi-a2a-lse-base-swapped": (*_FI_A2A, _fi_a2a_base_fault),
     "fi-a2a-drops-last-rank": (*_FI_A2A, _fi_a2a_drop_fault),
     "trtllm-mha-bmm1-x1.05": ("backend:trtllm_mha", "_get_bmm_scales", lambda f: _bmm1_scaled(f, 1.05)),

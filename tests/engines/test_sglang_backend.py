@@ -200,6 +200,17 @@ def test_trtllm_mha_slice_is_verified_emulated_a_declared_finding_or_not_run_nam
             assert kernel["emulated"][0] == "flashinfer.decode:trtllm_batch_decode_with_kv_cache", kernel
 
 
+def test_a_scale_fault_in_sglangs_fa4_decode_fails_its_cell():
+    """fa4's MLA decode on sm100 runs SGLang's FlashAttentionBackend and its FA4 wrapper around the emulated
+    vendored CuTe interface: the layer's scale ×1.05 handed to it fails the cell, which verifies without it."""
+    rows = drive(".venv-sglang", "none:v2lite-decode-fa4-sm100", "fa4-scale-x1.05:v2lite-decode-fa4-sm100")
+    ok = rows["none:v2lite-decode-fa4-sm100"]
+    assert ok["status"] == "verified" and ok["level"] == "emulated", ok
+    assert ok["emulated"] == ["sglang.kernels.ops.attention.flash_attn.cute:flash_attn_varlen_func"], ok
+    fault = rows["fa4-scale-x1.05:v2lite-decode-fa4-sm100"]
+    assert fault["status"] == "failed" and not fault["finding"] and fault["message"].startswith("out: "), fault
+
+
 @pytest.mark.parametrize("venv", [".venv-sglang", ".venv-sglang-0.5.22"])  # sgl-flash-mla; sglang-kernel's flash_mla
 def test_faults_in_sglangs_code_around_an_emulated_kernel_fail_its_cells(venv):
     """The emulated level checks SGLang's own code: a wrong scale handed to FlashMLA fails the cell,
