@@ -772,8 +772,6 @@ ROCM_KERNELS = {
 }
 #: Other platforms' backends whose engine check is not written yet, and what each decodes with.
 UNCHECKED_KERNELS = {
-    "CPU_ATTN": ("torch.ops._C.cpu_attention_with_kv_cache (with cpu_attn_reshape_and_cache and "
-                 "cpu_attn_get_scheduler_metadata), which has no emulation yet"),
     "ROCM_ATTN": ("vllm.v1.attention.ops.chunked_prefill_paged_decode (its ROCm paged-attention decode); "
                   "no engine check drives it yet"),
     "XPU_MLA_SPARSE": ("vllm.v1.attention.ops.xpu_mla_sparse.triton_bf16_mla_sparse_interface over the indexer's "
@@ -827,7 +825,7 @@ def _path_of(cell: Any, startup: Any) -> str:
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
 #: Not XPU's TRITON_ATTN: on XPU it loads through Triton tensor descriptors (``use_td``), which
 #: this project's interpreter fixes do not pass through (``_install_int1_mask``'s ``cache_policy``).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA",)}
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA", "CPU_ATTN")}
 
 
 def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platform: str,
@@ -968,7 +966,9 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
     TRITON_ATTN runs its Triton kernel here (level ``backend``, shared over
     archs unless the construction raises under the cell's); FLASH_ATTN runs
     under the cell's arch (FA2 on SM80, FA3 on SM90) with flash-attention's
-    varlen kernel real on a GPU with it, else emulated.
+    varlen kernel real on a GPU with it, else emulated. CPU_ATTN (the CPU
+    platform's child, ``_platform_spec``) runs with its ``torch.ops._C`` ops
+    emulated (a CUDA build of ``vllm._C`` has none of them).
     """
     from ...core.kernelspec import KernelSpec
     from ...kernels.harness import _KV_DTYPES
@@ -982,6 +982,8 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
     level = "backend"
     if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
         options.update(extra)
+        if kernel_source.calls_of(name, "decode", extra["platform"]):  # a CPU build's ops: not in this vllm._C
+            level = "emulated"
     elif name == "TRITON_ATTN":
         capability = _capability_of(cell.arch)
         if _attn_construction_raises(engine, options, capability):
@@ -1083,7 +1085,8 @@ def gpu_backend_spec(name: str, cell: Any, model: Any, tp: int, where: str) -> t
 
 TRITON_ATTN_FUNCTION = "vllm.v1.attention.backends.triton_attn:TritonAttentionImpl.forward"
 ATTN_FUNCTIONS = {"TRITON_ATTN": TRITON_ATTN_FUNCTION,
-                  "FLASH_ATTN": "vllm.v1.attention.backends.flash_attn:FlashAttentionImpl.forward"}
+                  "FLASH_ATTN": "vllm.v1.attention.backends.flash_attn:FlashAttentionImpl.forward",
+                  "CPU_ATTN": "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward"}
 ATTN_RUNNER = "pytest_mla.engines.vllm.startup:run_attn"
 
 
@@ -1117,11 +1120,14 @@ def _gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
 
 
 def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """vLLM's ``Attention`` layer for a GQA model, no DCP, on ``options["backend"]`` (TRITON_ATTN, FLASH_ATTN).
+    """vLLM's ``Attention`` layer for a GQA model on ``options["backend"]`` (TRITON_ATTN, FLASH_ATTN, CPU_ATTN).
 
     ``TritonAttentionImpl.forward`` runs ``unified_attention`` (Triton);
     ``FlashAttentionImpl.forward`` calls flash-attention's varlen kernel,
-    emulated at level ``emulated`` (``kernel_source``).
+    emulated at level ``emulated`` (``kernel_source``); CPU_ATTN's cache is
+    written by its own ``do_kv_cache_update`` (``CACHE_WRITING_IMPLS``), its
+    builder schedules and ``CPUAttentionBackendImpl.forward`` attends, the
+    three ``torch.ops._C`` ops emulated.
     """
     engine = prepare_process()  # before vLLM's modules bind ``current_platform`` (see run_mla)
     import torch
@@ -1159,7 +1165,10 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             v = torch.cat([_dense_rows(inputs.v_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
-            _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block)
+            if backend in CACHE_WRITING_IMPLS:
+                _impl_writes_tokens(layer, cache, slots, k, v, inputs, kernel_block != block)
+            else:
+                _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block)
         if kernel_block != block:  # kernel blocks: [blocks * r, heads, kernel_block, 2d] over the same tokens
             r = block // kernel_block
             cache = cache.view(-1, h_kv, r, kernel_block, 2 * d).transpose(1, 2).reshape(-1, h_kv, kernel_block, 2 * d)
@@ -1204,7 +1213,8 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         emulated = tuple(log.called) if log is not None else ()
         notes = tuple(host) + _platform_notes(options)
     functions = (ATTN_FUNCTIONS[backend],) + (
-        ("vllm.v1.attention.ops.triton_unified_attention:unified_attention",) if backend == "TRITON_ATTN" else ())
+        ("vllm.v1.attention.ops.triton_unified_attention:unified_attention",) if backend == "TRITON_ATTN" else ()) + (
+        CACHE_WRITING_IMPLS.get(backend, ()))
     if world > 1:
         functions += ("vllm.v1.attention.backends.flash_attn:FlashAttentionImpl._forward_with_dcp",)
     return RankResult(output.view(b, s_q, h, d), None, heads if world > 1 else None, functions, notes=notes,
@@ -1220,6 +1230,33 @@ def current_platform_fp8() -> Any:
 def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """TRITON_ATTN's check (``run_attn``), kept for the runners that name it."""
     return run_attn(inputs, ctx, {**options, "backend": "TRITON_ATTN"})
+
+
+#: GQA backends whose cache layout is the kernel library's own (packed tiles per ISA): the check writes every
+#: cached token through the impl's ``do_kv_cache_update``, as the model runner did when each token was new.
+CACHE_WRITING_IMPLS = {"CPU_ATTN": ("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.do_kv_cache_update",
+                                     "vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadataBuilder.build")}
+
+
+def _impl_writes_tokens(layer: Any, cache: Any, slots: Any, k: Any, v: Any, inputs: Any, split: bool) -> None:
+    """Every cached token through vLLM's ``do_kv_cache_update`` (``CPU_ATTN``: ``cpu_attn_reshape_and_cache``).
+
+    The keys and values are the model's (an fp8 cache's rows dequantised with
+    the check's ``kv_scale``, which the layer holds as its ``_k_scale``); the
+    impl quantises and packs them as its kernel reads them.
+    """
+    import torch
+
+    from ...core.errors import AdapterError
+
+    if split:
+        raise AdapterError("kernel check", f"vLLM's {type(layer.impl).__name__} splits the cell's blocks into "
+                                           "kernel blocks; its packed tiles are not re-laid-out here")
+    scale = inputs.kv_scale if inputs.kv_scale is not None else 1.0
+    dtype = inputs.q.dtype
+    key = (k.to(torch.float64) * scale).to(dtype).to(cache.device)
+    value = (v.to(torch.float64) * scale).to(dtype).to(cache.device)
+    layer.impl.do_kv_cache_update(layer, key, value, cache, slots)
 
 
 def _write_tokens(cache: Any, slots: Any, rows: Any, block: int) -> None:

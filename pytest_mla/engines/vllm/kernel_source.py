@@ -42,6 +42,9 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
     # GQA models (``checks.run_attn``)
     "TRITON_ATTN": (),
     "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
+    # the CPU platform: its builder schedules, the model runner's cache update writes, the impl attends
+    "CPU_ATTN": ("torch.ops._C:get_scheduler_metadata", "torch.ops._C:cpu_attn_reshape_and_cache",
+                 "torch.ops._C:cpu_attention_with_kv_cache"),
 }
 #: The compiled calls of vLLM's MLA prefill path (``MLACommonBaseImpl.forward_mha`` on the
 #: FLASH_ATTN prefill backend): the varlen attention of the new tokens and of the cached
