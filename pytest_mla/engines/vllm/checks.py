@@ -436,6 +436,7 @@ def _latent_kv_b_proj(heads: int, dtype: Any, device: Any) -> Any:
             super().__init__()
             self.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
             self.params_dtype = dtype
+            self.quant_method = None  # an unquantized checkpoint (vLLM's get_and_maybe_dequant_weights reads it)
 
         def forward(self, latent: Any) -> tuple[Any, None]:
             return latent.repeat(*([1] * (latent.dim() - 1)), 2 * heads), None
@@ -470,6 +471,26 @@ def _build_layer(options: Mapping[str, Any], scale: float, device: Any) -> Any:
     layer.W_UK_T = eye.expand(heads, rank, rank).contiguous()
     layer.W_UV = eye.expand(heads, rank, rank).contiguous()
     return layer
+
+
+def _load_latent_kv_b_proj(layer: Any, options: Mapping[str, Any], device: Any) -> None:
+    """AMX_MLA: the identity ``kv_b_proj`` as a checkpoint's weight, then vLLM's ``process_weights_after_loading``.
+
+    ``AMXMLAImpl`` reads neither ``W_UK_T`` nor ``W_UV``: its
+    ``process_weights_after_loading`` splits ``kv_b_proj.weight``
+    (``[heads · (nope + v), kv_lora_rank]``) and VNNI-packs the halves for
+    ``bmm_cpu``, which ``MLAAttention`` then absorbs and de-absorbs with. The
+    weight is ``_latent_kv_b_proj``'s map written out: an identity block for
+    each head's K_nope and V.
+    """
+    import torch
+
+    rank = options["kv_lora_rank"]
+    heads = options["num_heads"] // options["tp"]
+    proj = layer.kv_b_proj
+    proj.weight = torch.nn.Parameter(torch.eye(rank, dtype=proj.params_dtype, device=device).repeat(2 * heads, 1),
+                                     requires_grad=False)
+    layer.process_weights_after_loading()
 
 
 def _set_kv_scales(layer: Any, kv_scale: float | None) -> None:
@@ -684,6 +705,8 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             rank_workspaces(device), \
             kernel_source.kernel_source(level, names) as log, kernel_source.host_buffers(device) as host:
         layer = _build_layer(options, inputs.softmax_scale, device)
+        if getattr(layer, "is_amx_bmm_enabled", False):
+            _load_latent_kv_b_proj(layer, options, device)
         _set_kv_scales(layer, inputs.kv_scale)
         spec = layer.get_kv_cache_spec(config)
         attn_group, kernel_block = _attention_group(layer.attn_backend, spec, config, device)
@@ -724,8 +747,11 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         layer.forward_impl(q, k_c.to(device), k_pe.to(device), cache, metadata, output)
         functions = ["vllm.model_executor.layers.attention.mla_attention:MLAAttention.forward_impl"]
         if prefills:
-            functions.append(kernel_source.PREFILL_FUNCTION)
-            functions.append(f"{type(layer.prefill_backend).__module__}:{type(layer.prefill_backend).__qualname__}")
+            function = kernel_source.prefill_function(backend, options.get("platform"))
+            functions.append(function)
+            if function == kernel_source.PREFILL_FUNCTION and getattr(layer, "prefill_backend", None) is not None:
+                functions.append(f"{type(layer.prefill_backend).__module__}:"
+                                 f"{type(layer.prefill_backend).__qualname__}")
         else:
             functions.append(kernel_source.DECODE_FUNCTIONS[backend])
             if backend == "TRITON_MLA":
@@ -825,7 +851,7 @@ def _path_of(cell: Any, startup: Any) -> str:
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
 #: Not XPU's TRITON_ATTN: on XPU it loads through Triton tensor descriptors (``use_td``), which
 #: this project's interpreter fixes do not pass through (``_install_int1_mask``'s ``cache_policy``).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA", "CPU_ATTN")}
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
 
 
 def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platform: str,
@@ -849,7 +875,8 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
     if name in ATTN_FUNCTIONS and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
     path = _path_of(cell, startup)
-    if kernel_source.calls_of(name, path, platform) and path != "decode":
+    if kernel_source.calls_of(name, path, platform) and path != "decode" \
+            and (platform, name) not in kernel_source.PLATFORM_PREFILL:
         return None, (f"vLLM's {name} on the {platform} platform ({cell.arch}) sends these rows to its MLA "
                       f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), whose "
                       "compiled calls on this platform have no check yet")
@@ -950,7 +977,8 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
             level = "emulated"
         options["capability"] = capability
     options["level"] = level
-    function = kernel_source.PREFILL_FUNCTION if path == "prefill" else kernel_source.DECODE_FUNCTIONS[name]
+    function = kernel_source.prefill_function(name, options.get("platform")) if path == "prefill" \
+        else kernel_source.DECODE_FUNCTIONS[name]
     dcp = options["dcp"]
     case = (("h_q", model.num_heads // tp * dcp), ("page_size", options["block_size"]),
             ("kv_dtype", _KV_DTYPES.get(options["cache_dtype"], options["cache_dtype"])), ("min_seqlen", 1))

@@ -7,7 +7,8 @@ de-absorbs the output with ``torch.ops._C.bmm_cpu`` (``MLAAttention``'s
 ``torch.ops._C.decode_attention_cpu`` (through ``vllm._cpu_ops``). A CUDA
 build of ``vllm._C`` registers none of them. Emulated callables (see
 ``EMULATIONS`` at the bottom): ``torch.ops._C:convert_weight_packed``,
-``bmm_cpu``, ``decode_attention_cpu``.
+``bmm_cpu``, ``decode_attention_cpu``, and ``extend_attention_cpu``, which
+``AMXMLAImpl.forward_mha`` attends speculative verify rows with.
 
 Read from vLLM's ``csrc/cpu/sgl-kernels/gemm.cpp`` (``convert_weight_packed``,
 ``pack_vnni``), ``gemm.h`` (``TILE_N`` 16, ``TILE_K`` 32, ``block_size_n() =
@@ -55,6 +56,31 @@ all in one place:
   ``sliding_window_size > 0``, ``encoder_lens``, ``sinks``, an empty
   sequence (``seq_lens``). No LSE is returned (the per-split LSE stays in the
   scratch).
+* ``extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer,
+  v_buffer, req_to_token, req_pool_indices, seq_lens, extend_seq_lens,
+  extend_start_loc, max_len_extend, sm_scale, logit_cap, is_cross_attn,
+  sliding_window_size, encoder_lens, sinks, tree_mask)`` (``extend.cpp``):
+  sequence ``b`` has ``seq_lens[b]`` tokens, the last ``extend_seq_lens[b]``
+  of them new, at rows ``extend_start_loc[b] + i`` of ``q_extend``,
+  ``k_extend``, ``v_extend`` and ``o_extend``. Its query ``i`` sees the
+  ``prefix = seq_lens[b] - extend_seq_lens[b]`` cached keys (rows
+  ``req_to_token[req_pool_indices[b], t]`` of ``k_buffer`` / ``v_buffer``,
+  every one visible) and the new keys ``j <= i`` of ``k_extend`` /
+  ``v_extend`` (causal within the new tokens, **read from the new tensors, not
+  the cache**); GQA heads ``h // (num_heads / num_heads_kv)``; scores
+  ``sm_scale · q·k``; ``o_extend`` contiguous ``[tokens, num_heads,
+  head_size_v]`` in the query's dtype. The op's checks are kept as
+  ``RuntimeError``: index dtypes (``req_to_token`` int32 / int64, the same
+  for ``extend_seq_lens`` and ``extend_start_loc``, ``seq_lens`` and
+  ``req_pool_indices`` int64), ``head_size`` and ``head_size_v`` multiples of
+  32, ``prefix >= 0`` ("prefix len < 0!"), ``seq_len <= max_context_len``
+  ("seq_len out of scope!"), a zero prefix when ``k_buffer``'s heads differ
+  from ``k_extend``'s (the "MLA skips the prefix" case). The kernel tiles
+  query rows up to ``max_len_extend``: a sequence with more new tokens than
+  that raises ``OutOfRangeRead`` (``max_len_extend``: rows it never
+  computes), as do a pool index outside ``req_to_token`` and a cache row
+  outside ``k_buffer``. Refused: ``tree_mask``, ``logit_cap``,
+  ``is_cross_attn``, ``sliding_window_size > 0``, ``encoder_lens``, ``sinks``.
 * Not modelled: the kernels' bf16 dot products (``_mm512_dpbf16_ps``), their
   split-KV order and ``exp_u20``, the AMX brgemm blocking of ``bmm_cpu``.
 """
@@ -65,7 +91,7 @@ import torch
 
 from .glue import OutOfContractError, OutOfRangeRead, as_float64, attend, check_dtype, check_index_range, write_out
 
-__all__ = ["EMULATIONS", "bmm_cpu", "convert_weight_packed", "decode_attention_cpu"]
+__all__ = ["EMULATIONS", "bmm_cpu", "convert_weight_packed", "decode_attention_cpu", "extend_attention_cpu"]
 
 #: ``block_size_n() = 2 · TILE_N`` (``gemm.h``): the rows packed together.
 BLOCK_N = 32
@@ -200,8 +226,92 @@ def decode_attention_cpu(query: torch.Tensor, k_buffer: torch.Tensor, v_buffer: 
         write_out(o[0], output[s], query.dtype, output.device)
 
 
+def extend_attention_cpu(q_extend: torch.Tensor, k_extend: torch.Tensor | None, v_extend: torch.Tensor | None,
+                         o_extend: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                         req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                         extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor, max_len_extend: int,
+                         sm_scale: float, logit_cap: float, is_cross_attn: bool, sliding_window_size: int,
+                         encoder_lens: torch.Tensor | None, sinks: torch.Tensor | None,
+                         tree_mask: torch.Tensor | None = None) -> None:
+    """``torch.ops._C.extend_attention_cpu``: prefix from the cache, new tokens causal, into ``o_extend``."""
+    for flag, present in (("tree_mask", tree_mask is not None), ("logit_cap", float(logit_cap) != 0.0),
+                          ("is_cross_attn", bool(is_cross_attn)),
+                          ("sliding_window_size", int(sliding_window_size) > 0),
+                          ("encoder_lens", encoder_lens is not None), ("sinks", sinks is not None)):
+        if present:
+            raise OutOfContractError(flag, "is not modelled")
+    if k_extend is None or v_extend is None:
+        raise RuntimeError("k_extend and v_extend are required for non-cross attention")
+    for flag, tensor in (("q_extend", q_extend), ("k_extend", k_extend), ("v_extend", v_extend),
+                         ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if tensor.dim() != 3 or tensor.stride(-1) != 1:
+            raise RuntimeError(f"extend_attention_cpu: {flag} must be 3-D with a contiguous last dim")
+    if not o_extend.is_contiguous():
+        raise RuntimeError("extend_attention_cpu: o_extend must be contiguous")
+    num_seqs = seq_lens.shape[0]
+    max_reqs, max_context = req_to_token.shape
+    num_heads, head_size = q_extend.shape[1], q_extend.shape[2]
+    num_heads_kv, head_size_v = k_extend.shape[1], v_extend.shape[2]
+    index_dtype = req_to_token.dtype
+    if index_dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"extend: expect req_to_token to be int32 or int64, got {index_dtype}")
+    if seq_lens.dtype != torch.int64:
+        raise RuntimeError(f"extend: expect req_lens to be int64, got {seq_lens.dtype}")
+    if req_pool_indices.dtype != torch.int64:
+        raise RuntimeError(f"extend: expect req_pool_indices to be int64, got {req_pool_indices.dtype}")
+    if extend_seq_lens.dtype != index_dtype or extend_start_loc.dtype != index_dtype:
+        raise RuntimeError("extend: expect extend_seq_lens and extend_start_loc to have same dtype as req_to_token.")
+    if head_size % 32 or head_size_v % 32:
+        raise RuntimeError(f"invalid head_size {head_size} / head_size_v {head_size_v}")
+    if req_pool_indices.shape[0] != num_seqs or extend_seq_lens.shape[0] != num_seqs \
+            or extend_start_loc.shape[0] != num_seqs or v_extend.shape[1] != num_heads_kv \
+            or k_buffer.shape[1] != v_buffer.shape[1] or num_heads % num_heads_kv:
+        raise RuntimeError("extend_attention_cpu: size mismatch between the sequence tensors or the heads")
+    check_dtype("q_extend", q_extend, _DTYPES)
+    for flag, tensor in (("k_extend", k_extend), ("k_buffer", k_buffer), ("o_extend", o_extend)):
+        if tensor.dtype != q_extend.dtype:
+            raise OutOfContractError(flag, f"dtype {tensor.dtype} differs from the query's {q_extend.dtype}")
+    if o_extend.dim() != 3 or tuple(o_extend.shape[1:]) != (num_heads, head_size_v):
+        raise OutOfContractError("o_extend", f"{tuple(o_extend.shape)} for {num_heads} heads of {head_size_v}")
+    prefix_skipped = k_buffer.shape[1] != num_heads_kv
+    group = num_heads // num_heads_kv
+    lens, news = seq_lens.to("cpu", torch.int64), extend_seq_lens.to("cpu", torch.int64)
+    starts, pools = extend_start_loc.to("cpu", torch.int64), req_pool_indices.to("cpu", torch.int64)
+    for s in range(num_seqs):
+        seq_len, new, start, pool = int(lens[s]), int(news[s]), int(starts[s]), int(pools[s])
+        prefix = seq_len - new
+        if prefix < 0:
+            raise RuntimeError("prefix len < 0!")
+        if seq_len > max_context:
+            raise RuntimeError("seq_len out of scope!")
+        if prefix_skipped and prefix:
+            raise RuntimeError(f"extend attention: expect seq_len_prefix to be 0, got {prefix}")
+        if new <= 0:
+            continue
+        if new > int(max_len_extend):
+            raise OutOfRangeRead("max_len_extend", f"sequence {s} has {new} new tokens, the kernel tiles "
+                                                   f"{max_len_extend}: rows past it are never computed")
+        if start < 0 or start + new > min(q_extend.shape[0], k_extend.shape[0], o_extend.shape[0]):
+            raise OutOfRangeRead("extend_start_loc", f"sequence {s}: rows {start}..{start + new} outside the "
+                                                     "new-token tensors")
+        check_index_range("req_pool_indices", pools[s:s + 1], max_reqs)
+        rows = req_to_token[pool, :prefix].to("cpu", torch.int64)
+        check_index_range("req_to_token", rows, k_buffer.shape[0])
+        k = torch.cat([as_float64(k_buffer[rows.to(k_buffer.device)][:, :num_heads_kv]),
+                       as_float64(k_extend[start:start + new])])  # [prefix + new, kv_heads, d]
+        v = torch.cat([as_float64(v_buffer[rows.to(v_buffer.device)][:, :num_heads_kv]),
+                       as_float64(v_extend[start:start + new])])
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        q = as_float64(q_extend[start:start + new])  # [new, heads, d]
+        scores = float(sm_scale) * torch.einsum("qhd,nhd->hqn", q, k)
+        visible = torch.arange(prefix + new)[None, :] <= prefix + torch.arange(new)[:, None]  # [new, prefix + new]
+        o, _ = attend(scores, v, visible)
+        write_out(o, o_extend[start:start + new], q_extend.dtype, o_extend.device)
+
+
 EMULATIONS = {
     "torch.ops._C:convert_weight_packed": convert_weight_packed,
     "torch.ops._C:bmm_cpu": bmm_cpu,
     "torch.ops._C:decode_attention_cpu": decode_attention_cpu,
+    "torch.ops._C:extend_attention_cpu": extend_attention_cpu,
 }
