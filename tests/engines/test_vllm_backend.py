@@ -280,12 +280,19 @@ def test_cpu_cells_of_gqa_and_amx_mla_models_verify_in_a_matrix_run(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     cells = [c for c in read_results(next(tmp_path.glob("vllm-*[0-9].json")))["cells"]
              if c["outcome"]["kind"] == "accepted"]
-    impls = {(c["coords"]["model"], c["coords"]["arch"]): c["kernel"]["function"].rpartition(":")[2] for c in cells}
-    assert impls[("llama-3.1-8b", "cpu")] == impls[("llama-3.1-8b", "cpu_amx")] == "CPUAttentionBackendImpl.forward"
-    assert impls[("deepseek-v2-lite", "cpu")] == "CPUMLAImpl.forward_mqa"  # auto and FLASHMLA: CPU_MLA without AMX
+    impls: dict[tuple[str, str], set[str]] = {}
+    for c in cells:
+        impls.setdefault((c["coords"]["model"], c["coords"]["arch"]), set()).add(
+            c["kernel"]["function"].rpartition(":")[2])
+    assert impls[("llama-3.1-8b", "cpu")] == impls[("llama-3.1-8b", "cpu_amx")] == {"CPUAttentionBackendImpl.forward"}
+    # no AMX: CPU_MLA, its verify rows on vLLM's CPU SDPA prefill; AMX: AMX_MLA's decode and its own forward_mha
+    assert impls[("deepseek-v2-lite", "cpu")] == {"CPUMLAImpl.forward_mqa", "MLACommonBaseImpl.forward_mha"}
+    assert impls[("deepseek-v2-lite", "cpu_amx")] == {"AMXMLAImpl.forward_mqa", "AMXMLAImpl.forward_mha"}
     for c in cells:
         kernel = c["kernel"]
-        assert kernel["status"] == "verified" and kernel["level"] == "emulated", (c["id"], kernel)
+        plain = kernel["function"].endswith("MLACommonBaseImpl.forward_mha")  # nothing compiled: level backend
+        assert kernel["status"] == "verified", (c["id"], kernel)
+        assert kernel["level"] == ("backend" if plain else "emulated"), (c["id"], kernel)
         assert any("imported vLLM on its CPU platform" in note for note in kernel["notes"]), kernel["notes"]
     amx = [c for c in cells if c["coords"]["model"] == "deepseek-v2-lite" and c["coords"]["arch"] == "cpu_amx"]
-    assert len(amx) == 6 and all("AMXMLAImpl" in c["kernel"]["function"] for c in amx), [c["id"] for c in amx]
+    assert len(amx) == 6, [c["id"] for c in amx]  # auto, FLASHMLA, AMX_MLA x none, eagle-1x3 (bf16 KV only)

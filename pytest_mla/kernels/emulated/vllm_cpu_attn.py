@@ -38,7 +38,9 @@ the vLLM revisions nearest 0.34.0 (the ops' signatures match the installed
     (head_size / 2) + d // 2) * 32 + (t % 16) * 2 + d % 2``), V in 16-dim
     groups of token pairs (``(d // 16) * block_size * 16 + (t // 2) * 32 +
     (d % 16) * 2 + t % 2``). The fp8 AMX writer packs two fp8 bytes where the
-    bf16 one packs two bf16 values: the same formulas in elements.
+    bf16 one packs two bf16 values: the same formulas in elements, read back
+    by the AMX kernel's bf16-query / fp8-KV path (``amx_fp8``, Diamond
+    Rapids' native fp8 K layout, is another ISA, not modelled).
 
   ``block_size`` must be a multiple of 32 (``BlockSizeAlignment`` of both
   ISAs); token ``t`` of a request lives at
@@ -308,9 +310,11 @@ def cpu_attention_with_kv_cache(query: torch.Tensor, key_cache: torch.Tensor, va
                  meta["fp8"])
     if call != scheduled or qsl.numel() < n + 1 or lens.numel() < n \
             or not torch.equal(qsl[: n + 1], meta["query_start_loc"]) or not torch.equal(lens[:n], meta["seq_lens"]):
-        raise OutOfRangeRead("scheduler_metadata", f"scheduled for (heads, kv heads, head dim, dtype, causal, fp8) "
-                                                   f"{scheduled} and other lengths than this call's {call}: the "
-                                                   "kernel would run the schedule's work items over these tensors")
+        raise OutOfRangeRead("scheduler_metadata", f"built for (heads, kv heads, head dim, dtype, causal, fp8) "
+                                                   f"{scheduled}, query_start_loc {meta['query_start_loc'].tolist()}, "
+                                                   f"seq_lens {meta['seq_lens'].tolist()}; this call has {call}, "
+                                                   f"{qsl.tolist()}, {lens.tolist()}: the kernel would run the "
+                                                   "schedule's work items over these tensors")
     if heads % kv_heads:
         raise OutOfContractError("key_cache", f"{heads} query heads over {kv_heads} KV heads")
     k_tiles, v_tiles = _tiles(key_cache, "key_cache"), _tiles(value_cache, "value_cache")
