@@ -227,3 +227,70 @@ def test_faults_in_vllms_code_fail_rocm_xpu_and_cpu_cells_in_their_platform_proc
         row = rows[scenario]
         assert row["status"] == "failed" and not row["finding"] and "beyond abs" in row["message"], row
     assert rows["none:llama-decode-gfx950"]["status"] == "verified", rows["none:llama-decode-gfx950"]
+
+
+def test_faults_in_vllms_code_fail_cpu_attn_and_amx_mla_cells_in_the_cpu_process():
+    """CPU_ATTN (GQA) and AMX_MLA run vLLM's own impls in the CPU child, their torch.ops._C emulated: verified
+    unfaulted; a scale × 1.05 or a wrong row map in vLLM's Python fails them. cpu and cpu_amx take different
+    ISAs (vec, amx): cache writes packed for vec are harmless on cpu and a failure on cpu_amx."""
+    rows = drive(".venv-vllm", "none:llama-cpu-attn", "none:llama-cpu-attn-amx", "none:qwen-cpu-attn-amx-fp8-chain",
+                 "cpu-attn-scale-x1.05:llama-cpu-attn", "cpu-attn-scale-x1.05:qwen-cpu-attn-amx-fp8-chain",
+                 "cpu-attn-cache-isa-vec:llama-cpu-attn", "cpu-attn-cache-isa-vec:llama-cpu-attn-amx",
+                 "none:v2lite-amx-mla", "none:v2lite-amx-mla-chain", "amx-mla-scale-x1.05:v2lite-amx-mla",
+                 "amx-mla-wrong-row:v2lite-amx-mla", "amx-mla-wrong-row:v2lite-amx-mla-chain")
+    attn_ops = ["torch.ops._C:cpu_attention_with_kv_cache", "torch.ops._C:cpu_attn_reshape_and_cache",
+                "torch.ops._C:get_scheduler_metadata"]
+    for scenario in ("none:llama-cpu-attn", "none:llama-cpu-attn-amx", "none:qwen-cpu-attn-amx-fp8-chain",
+                     "cpu-attn-cache-isa-vec:llama-cpu-attn"):
+        row = rows[scenario]
+        assert row["status"] == "verified" and row["level"] == "emulated", row
+        assert sorted(row["emulated"]) == attn_ops, row
+        assert row["function"] == "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward", row
+        assert "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.do_kv_cache_update" in row["functions"]
+    decode, chain = rows["none:v2lite-amx-mla"], rows["none:v2lite-amx-mla-chain"]
+    assert decode["status"] == "verified" and decode["level"] == "emulated", decode
+    assert sorted(decode["emulated"]) == ["torch.ops._C:bmm_cpu", "torch.ops._C:convert_weight_packed",
+                                          "torch.ops._C:decode_attention_cpu"], decode
+    assert decode["function"] == "vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mqa", decode
+    assert chain["status"] == "verified" and chain["level"] == "emulated", chain
+    assert "torch.ops._C:extend_attention_cpu" in chain["emulated"], chain
+    assert chain["function"] == "vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mha", chain
+    for scenario in ("cpu-attn-scale-x1.05:llama-cpu-attn", "cpu-attn-scale-x1.05:qwen-cpu-attn-amx-fp8-chain",
+                     "amx-mla-scale-x1.05:v2lite-amx-mla"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and "beyond abs" in row["message"], row
+    for scenario in ("cpu-attn-cache-isa-vec:llama-cpu-attn-amx", "amx-mla-wrong-row:v2lite-amx-mla"):
+        row = rows[scenario]  # scrambled tiles / rows of other tokens: NaN or wrong values, never a pass
+        assert row["status"] == "failed" and not row["finding"], row
+    # the chain's extend reads req_to_token one row past the cache: the kernel would read foreign rows
+    wrong = rows["amx-mla-wrong-row:v2lite-amx-mla-chain"]
+    assert wrong["status"] == "failed" and "req_to_token" in wrong["message"], wrong
+
+
+def test_cpu_cells_of_gqa_and_amx_mla_models_verify_in_a_matrix_run(tmp_path):
+    """A matrix slice of the CPU platform (-n 2): every accepted CPU_ATTN and AMX_MLA cell is verified at level
+    emulated, its record naming the CPU child; identical numeric cases of the backends that all resolve to
+    the same impl share one check per worker."""
+    python = venv_python(".venv-vllm")
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=deepseek-v2-lite,llama-3.1-8b",
+                        "--mla-select=backend=auto,FLASHMLA,AMX_MLA", "--mla-select=arch=cpu,cpu_amx",
+                        "--mla-select=page_size=64", "--mla-select=dcp=1", "-n", "2", timeout=1500)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = [c for c in read_results(next(tmp_path.glob("vllm-*[0-9].json")))["cells"]
+             if c["outcome"]["kind"] == "accepted"]
+    impls: dict[tuple[str, str], set[str]] = {}
+    for c in cells:
+        impls.setdefault((c["coords"]["model"], c["coords"]["arch"]), set()).add(
+            c["kernel"]["function"].rpartition(":")[2])
+    assert impls[("llama-3.1-8b", "cpu")] == impls[("llama-3.1-8b", "cpu_amx")] == {"CPUAttentionBackendImpl.forward"}
+    # no AMX: CPU_MLA, its verify rows on vLLM's CPU SDPA prefill; AMX: AMX_MLA's decode and its own forward_mha
+    assert impls[("deepseek-v2-lite", "cpu")] == {"CPUMLAImpl.forward_mqa", "MLACommonBaseImpl.forward_mha"}
+    assert impls[("deepseek-v2-lite", "cpu_amx")] == {"AMXMLAImpl.forward_mqa", "AMXMLAImpl.forward_mha"}
+    for c in cells:
+        kernel = c["kernel"]
+        plain = kernel["function"].endswith("MLACommonBaseImpl.forward_mha")  # nothing compiled: level backend
+        assert kernel["status"] == "verified", (c["id"], kernel)
+        assert kernel["level"] == ("backend" if plain else "emulated"), (c["id"], kernel)
+        assert any("imported vLLM on its CPU platform" in note for note in kernel["notes"]), kernel["notes"]
+    amx = [c for c in cells if c["coords"]["model"] == "deepseek-v2-lite" and c["coords"]["arch"] == "cpu_amx"]
+    assert len(amx) == 6, [c["id"] for c in amx]  # auto, FLASHMLA, AMX_MLA x none, eagle-1x3 (bf16 KV only)

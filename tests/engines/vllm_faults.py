@@ -21,6 +21,19 @@ Faults (what a buggy release could ship):
 * ``cpu-mla-scale-x1.05``: CPU_MLA's ``forward_mqa`` calls
   ``vllm._cpu_ops.mla_decode_kvcache_cpu`` (its op emulated here) with the
   softmax scale × 1.05.
+* ``cpu-attn-scale-x1.05``: CPU_ATTN's ``forward`` calls
+  ``vllm._cpu_ops.cpu_attention_with_kv_cache`` (its op emulated here) with
+  the softmax scale × 1.05.
+* ``cpu-attn-cache-isa-vec``: CPU_ATTN's cache writes
+  (``vllm._cpu_ops.cpu_attn_reshape_and_cache``) pack the tiles for the
+  ``vec`` ISA whatever the layer's ``isa``: harmless on ``cpu`` (whose ISA is
+  ``vec``), a scrambled read on ``cpu_amx`` (the builder schedules ``amx``).
+* ``amx-mla-scale-x1.05``: AMX_MLA's ``forward_mqa`` calls
+  ``vllm._cpu_ops.cpu_mla_decode`` (``decode_attention_cpu``, emulated here)
+  with the softmax scale × 1.05.
+* ``amx-mla-wrong-row``: AMX_MLA's decode metadata maps each request's
+  tokens one row further (``_expand_block_table``'s ``block_table *
+  block_size + offsets`` plus one: a wrong block table for the kernel).
 * ``merge-ignores-lse``: ``cp_lse_ag_out_rs`` averages the ranks' partial
   outputs instead of weighting them by their LSE.
 * ``merge-lse-base-swapped``: ``cp_lse_ag_out_rs`` reads each rank's LSE in
@@ -80,6 +93,12 @@ CASES = {
     "llama-decode-gfx950": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16, "gfx950"),
     "v2lite-cpu-mla": ("deepseek-v2-lite", "CPU_MLA", "none", 1, "auto", 16, "cpu"),
     "v2lite-cpu-mla-chain": ("deepseek-v2-lite", "CPU_MLA", "eagle-1x3", 1, "auto", 16, "cpu"),
+    "v2lite-amx-mla": ("deepseek-v2-lite", "auto", "none", 1, "auto", 64, "cpu_amx"),
+    "v3-amx-mla": ("deepseek-v3", "AMX_MLA", "none", 1, "auto", 128, "cpu_amx"),
+    "v2lite-amx-mla-chain": ("deepseek-v2-lite", "auto", "eagle-1x3", 1, "auto", 64, "cpu_amx"),
+    "llama-cpu-attn": ("llama-3.1-8b", "auto", "none", 1, "auto", 64, "cpu"),
+    "llama-cpu-attn-amx": ("llama-3.1-8b", "auto", "none", 1, "auto", 64, "cpu_amx"),
+    "qwen-cpu-attn-amx-fp8-chain": ("qwen2.5-7b", "auto", "eagle-1x3", 1, "fp8", 128, "cpu_amx"),
     # GQA models on the backend `auto` resolves on SM90 (FLASH_ATTN)
     "llama-flash-attn-fp8": ("llama-3.1-8b", "auto", "eagle-1x3", 1, "fp8", 64),
     "mqa96-flash-attn-dcp2": ("mqa-96", "auto", "none", 2, "auto", 16),
@@ -114,6 +133,37 @@ def _cpu_mla_scale_fault(original: Any) -> Any:
         return original(out, query, kv_cache, scale * 1.05, block_tables, seq_lens)
 
     return mla_decode_kvcache_cpu
+
+
+def _cpu_attn_scale_fault(original: Any) -> Any:
+    def cpu_attention_with_kv_cache(*args, **kwargs):
+        kwargs["scale"] = kwargs["scale"] * 1.05
+        return original(*args, **kwargs)
+
+    return cpu_attention_with_kv_cache
+
+
+def _cpu_attn_isa_fault(original: Any) -> Any:
+    def cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, isa, *args, **kwargs):
+        return original(key, value, key_cache, value_cache, slot_mapping, "vec", *args, **kwargs)
+
+    return cpu_attn_reshape_and_cache
+
+
+def _amx_mla_scale_fault(original: Any) -> Any:
+    def cpu_mla_decode(*args):
+        args = list(args)
+        args[11] = args[11] * 1.05  # sm_scale
+        return original(*args)
+
+    return cpu_mla_decode
+
+
+def _amx_mla_row_fault(original: Any) -> Any:
+    def _expand_block_table(block_table, block_size):
+        return original(block_table, block_size) + 1
+
+    return _expand_block_table
 
 
 def _merge_fault(original: Any) -> Any:
@@ -184,6 +234,10 @@ FAULTS = {
     "triton-attn-scale-x1.05": ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention",
                                 _triton_attn_scale_fault),
     "cpu-mla-scale-x1.05": ("vllm._cpu_ops", "mla_decode_kvcache_cpu", _cpu_mla_scale_fault),
+    "cpu-attn-scale-x1.05": ("vllm._cpu_ops", "cpu_attention_with_kv_cache", _cpu_attn_scale_fault),
+    "cpu-attn-cache-isa-vec": ("vllm._cpu_ops", "cpu_attn_reshape_and_cache", _cpu_attn_isa_fault),
+    "amx-mla-scale-x1.05": ("vllm._cpu_ops", "cpu_mla_decode", _amx_mla_scale_fault),
+    "amx-mla-wrong-row": ("vllm.v1.attention.backends.mla.amx_mla", "_expand_block_table", _amx_mla_row_fault),
     "merge-ignores-lse": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _merge_fault),
     "merge-lse-base-swapped": ("vllm.v1.attention.ops.dcp", "cp_lse_ag_out_rs", _base_fault),
     "flashmla-scale-x1.05": ("vllm.third_party.flashmla.flash_mla_interface", "flash_mla_with_kvcache",

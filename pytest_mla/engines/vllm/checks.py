@@ -436,6 +436,7 @@ def _latent_kv_b_proj(heads: int, dtype: Any, device: Any) -> Any:
             super().__init__()
             self.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
             self.params_dtype = dtype
+            self.quant_method = None  # an unquantized checkpoint (vLLM's get_and_maybe_dequant_weights reads it)
 
         def forward(self, latent: Any) -> tuple[Any, None]:
             return latent.repeat(*([1] * (latent.dim() - 1)), 2 * heads), None
@@ -487,6 +488,26 @@ def _loaded_kv_scale(kv_scale: float | None) -> float | None:
 
     fnuz = getattr(current_platform, "is_fp8_fnuz", None)
     return float(kv_scale) * (2.0 if fnuz is not None and fnuz() else 1.0)
+
+
+def _load_latent_kv_b_proj(layer: Any, options: Mapping[str, Any], device: Any) -> None:
+    """AMX_MLA: the identity ``kv_b_proj`` as a checkpoint's weight, then vLLM's ``process_weights_after_loading``.
+
+    ``AMXMLAImpl`` reads neither ``W_UK_T`` nor ``W_UV``: its
+    ``process_weights_after_loading`` splits ``kv_b_proj.weight``
+    (``[heads · (nope + v), kv_lora_rank]``) and VNNI-packs the halves for
+    ``bmm_cpu``, which ``MLAAttention`` then absorbs and de-absorbs with. The
+    weight is ``_latent_kv_b_proj``'s map written out: an identity block for
+    each head's K_nope and V.
+    """
+    import torch
+
+    rank = options["kv_lora_rank"]
+    heads = options["num_heads"] // options["tp"]
+    proj = layer.kv_b_proj
+    proj.weight = torch.nn.Parameter(torch.eye(rank, dtype=proj.params_dtype, device=device).repeat(2 * heads, 1),
+                                     requires_grad=False)
+    layer.process_weights_after_loading()
 
 
 def _set_kv_scales(layer: Any, kv_scale: float | None) -> None:
@@ -706,6 +727,8 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             rank_workspaces(device), \
             kernel_source.kernel_source(level, names) as log, kernel_source.host_buffers(device) as host:
         layer = _build_layer(options, inputs.softmax_scale, device)
+        if getattr(layer, "is_amx_bmm_enabled", False):
+            _load_latent_kv_b_proj(layer, options, device)
         _set_kv_scales(layer, inputs.kv_scale)
         spec = layer.get_kv_cache_spec(config)
         attn_group, kernel_block = _attention_group(layer.attn_backend, spec, config, device)
@@ -746,8 +769,11 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         layer.forward_impl(q, k_c.to(device), k_pe.to(device), cache, metadata, output)
         functions = ["vllm.model_executor.layers.attention.mla_attention:MLAAttention.forward_impl"]
         if prefills:
-            functions.append(kernel_source.PREFILL_FUNCTION)
-            functions.append(f"{type(layer.prefill_backend).__module__}:{type(layer.prefill_backend).__qualname__}")
+            function = kernel_source.prefill_function(backend, options.get("platform"))
+            functions.append(function)
+            if function == kernel_source.PREFILL_FUNCTION and getattr(layer, "prefill_backend", None) is not None:
+                functions.append(f"{type(layer.prefill_backend).__module__}:"
+                                 f"{type(layer.prefill_backend).__qualname__}")
         else:
             functions.append(kernel_source.DECODE_FUNCTIONS[backend])
             if backend == "TRITON_MLA":
@@ -794,8 +820,6 @@ ROCM_KERNELS = {
 }
 #: Other platforms' backends whose engine check is not written yet, and what each decodes with.
 UNCHECKED_KERNELS = {
-    "CPU_ATTN": ("torch.ops._C.cpu_attention_with_kv_cache (with cpu_attn_reshape_and_cache and "
-                 "cpu_attn_get_scheduler_metadata), which has no emulation yet"),
     "ROCM_ATTN": ("vllm.v1.attention.ops.chunked_prefill_paged_decode (its ROCm paged-attention decode); "
                   "no engine check drives it yet"),
     "XPU_MLA_SPARSE": ("vllm.v1.attention.ops.xpu_mla_sparse.triton_bf16_mla_sparse_interface over the indexer's "
@@ -849,7 +873,7 @@ def _path_of(cell: Any, startup: Any) -> str:
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
 #: Not XPU's TRITON_ATTN: on XPU it loads through Triton tensor descriptors (``use_td``), which
 #: this project's interpreter fixes do not pass through (``_install_int1_mask``'s ``cache_policy``).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA",)}
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
 
 
 def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platform: str,
@@ -869,7 +893,8 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
     if name in ATTN_FUNCTIONS and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
     path = _path_of(cell, startup)
-    if kernel_source.calls_of(name, path, platform) and path != "decode":
+    if kernel_source.calls_of(name, path, platform) and path != "decode" \
+            and (platform, name) not in kernel_source.PLATFORM_PREFILL:
         return None, (f"vLLM's {name} on the {platform} platform ({cell.arch}) sends these rows to its MLA "
                       f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), whose "
                       "compiled calls on this platform have no check yet")
@@ -961,7 +986,8 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
             level = "emulated"
         options["capability"] = capability
     options["level"] = level
-    function = kernel_source.PREFILL_FUNCTION if path == "prefill" else kernel_source.DECODE_FUNCTIONS[name]
+    function = kernel_source.prefill_function(name, options.get("platform")) if path == "prefill" \
+        else kernel_source.DECODE_FUNCTIONS[name]
     dcp = options["dcp"]
     case = (("h_q", model.num_heads // tp * dcp), ("page_size", options["block_size"]),
             ("kv_dtype", _KV_DTYPES.get(options["cache_dtype"], options["cache_dtype"])), ("min_seqlen", 1))
@@ -977,7 +1003,9 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
     TRITON_ATTN runs its Triton kernel here (level ``backend``, shared over
     archs unless the construction raises under the cell's); FLASH_ATTN runs
     under the cell's arch (FA2 on SM80, FA3 on SM90) with flash-attention's
-    varlen kernel real on a GPU with it, else emulated.
+    varlen kernel real on a GPU with it, else emulated. CPU_ATTN (the CPU
+    platform's child, ``_platform_spec``) runs with its ``torch.ops._C`` ops
+    emulated (a CUDA build of ``vllm._C`` has none of them).
     """
     from ...core.kernelspec import KernelSpec
     from ...kernels.harness import _KV_DTYPES
@@ -991,6 +1019,8 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
     level = "backend"
     if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
         options.update(extra)
+        if kernel_source.calls_of(name, "decode", extra["platform"]):  # a CPU build's ops: not in this vllm._C
+            level = "emulated"
     elif name == "TRITON_ATTN":
         capability = _capability_of(cell.arch)
         if _attn_construction_raises(engine, options, capability):
@@ -1092,7 +1122,8 @@ def gpu_backend_spec(name: str, cell: Any, model: Any, tp: int, where: str) -> t
 
 TRITON_ATTN_FUNCTION = "vllm.v1.attention.backends.triton_attn:TritonAttentionImpl.forward"
 ATTN_FUNCTIONS = {"TRITON_ATTN": TRITON_ATTN_FUNCTION,
-                  "FLASH_ATTN": "vllm.v1.attention.backends.flash_attn:FlashAttentionImpl.forward"}
+                  "FLASH_ATTN": "vllm.v1.attention.backends.flash_attn:FlashAttentionImpl.forward",
+                  "CPU_ATTN": "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward"}
 ATTN_RUNNER = "pytest_mla.engines.vllm.startup:run_attn"
 
 
@@ -1126,11 +1157,14 @@ def _gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
 
 
 def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """vLLM's ``Attention`` layer for a GQA model, no DCP, on ``options["backend"]`` (TRITON_ATTN, FLASH_ATTN).
+    """vLLM's ``Attention`` layer for a GQA model on ``options["backend"]`` (TRITON_ATTN, FLASH_ATTN, CPU_ATTN).
 
     ``TritonAttentionImpl.forward`` runs ``unified_attention`` (Triton);
     ``FlashAttentionImpl.forward`` calls flash-attention's varlen kernel,
-    emulated at level ``emulated`` (``kernel_source``).
+    emulated at level ``emulated`` (``kernel_source``); CPU_ATTN's cache is
+    written by its own ``do_kv_cache_update`` (``CACHE_WRITING_IMPLS``), its
+    builder schedules and ``CPUAttentionBackendImpl.forward`` attends, the
+    three ``torch.ops._C`` ops emulated.
     """
     engine = prepare_process()  # before vLLM's modules bind ``current_platform`` (see run_mla)
     import torch
@@ -1168,7 +1202,10 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             v = torch.cat([_dense_rows(inputs.v_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
-            _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block, inputs.kv_scale)
+            if backend in CACHE_WRITING_IMPLS:
+                _impl_writes_tokens(layer, cache, slots, k, v, inputs, kernel_block != block)
+            else:
+                _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block, inputs.kv_scale)
         if kernel_block != block:  # kernel blocks: [blocks * r, heads, kernel_block, 2d] over the same tokens
             r = block // kernel_block
             cache = cache.view(-1, h_kv, r, kernel_block, 2 * d).transpose(1, 2).reshape(-1, h_kv, kernel_block, 2 * d)
@@ -1213,7 +1250,8 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         emulated = tuple(log.called) if log is not None else ()
         notes = tuple(host) + _platform_notes(options)
     functions = (ATTN_FUNCTIONS[backend],) + (
-        ("vllm.v1.attention.ops.triton_unified_attention:unified_attention",) if backend == "TRITON_ATTN" else ())
+        ("vllm.v1.attention.ops.triton_unified_attention:unified_attention",) if backend == "TRITON_ATTN" else ()) + (
+        CACHE_WRITING_IMPLS.get(backend, ()))
     if world > 1:
         functions += ("vllm.v1.attention.backends.flash_attn:FlashAttentionImpl._forward_with_dcp",)
     return RankResult(output.view(b, s_q, h, d), None, heads if world > 1 else None, functions, notes=notes,
@@ -1229,6 +1267,33 @@ def current_platform_fp8() -> Any:
 def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """TRITON_ATTN's check (``run_attn``), kept for the runners that name it."""
     return run_attn(inputs, ctx, {**options, "backend": "TRITON_ATTN"})
+
+
+#: GQA backends whose cache layout is the kernel library's own (packed tiles per ISA): the check writes every
+#: cached token through the impl's ``do_kv_cache_update``, as the model runner did when each token was new.
+CACHE_WRITING_IMPLS = {"CPU_ATTN": ("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.do_kv_cache_update",
+                                     "vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadataBuilder.build")}
+
+
+def _impl_writes_tokens(layer: Any, cache: Any, slots: Any, k: Any, v: Any, inputs: Any, split: bool) -> None:
+    """Every cached token through vLLM's ``do_kv_cache_update`` (``CPU_ATTN``: ``cpu_attn_reshape_and_cache``).
+
+    The keys and values are the model's (an fp8 cache's rows dequantised with
+    the check's ``kv_scale``, which the layer holds as its ``_k_scale``); the
+    impl quantises and packs them as its kernel reads them.
+    """
+    import torch
+
+    from ...core.errors import AdapterError
+
+    if split:
+        raise AdapterError("kernel check", f"vLLM's {type(layer.impl).__name__} splits the cell's blocks into "
+                                           "kernel blocks; its packed tiles are not re-laid-out here")
+    scale = inputs.kv_scale if inputs.kv_scale is not None else 1.0
+    dtype = inputs.q.dtype
+    key = (k.to(torch.float64) * scale).to(dtype).to(cache.device)
+    value = (v.to(torch.float64) * scale).to(dtype).to(cache.device)
+    layer.impl.do_kv_cache_update(layer, key, value, cache, slots)
 
 
 def _write_tokens(cache: Any, slots: Any, rows: Any, block: int, kv_scale: float | None = None) -> None:

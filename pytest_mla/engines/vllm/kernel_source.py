@@ -39,9 +39,14 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
                        "tokenspeed_mla:warmup_compile_prefill"),
     # the CPU platform (a CPU build of vllm._C registers the op)
     "CPU_MLA": ("torch.ops._C:mla_decode_kvcache",),
+    # AMX CPUs: the impl packs its absorption weights, MLAAttention absorbs / de-absorbs with bmm_cpu
+    "AMX_MLA": ("torch.ops._C:convert_weight_packed", "torch.ops._C:bmm_cpu", "torch.ops._C:decode_attention_cpu"),
     # GQA models (``checks.run_attn``)
     "TRITON_ATTN": (),
     "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
+    # the CPU platform: its builder schedules, the model runner's cache update writes, the impl attends
+    "CPU_ATTN": ("torch.ops._C:get_scheduler_metadata", "torch.ops._C:cpu_attn_reshape_and_cache",
+                 "torch.ops._C:cpu_attention_with_kv_cache"),
 }
 #: The compiled calls of vLLM's MLA prefill path (``MLACommonBaseImpl.forward_mha`` on the
 #: FLASH_ATTN prefill backend): the varlen attention of the new tokens and of the cached
@@ -59,8 +64,16 @@ DECODE_FUNCTIONS = {
     "CUTLASS_MLA": "vllm.v1.attention.backends.mla.cutlass_mla:CutlassMLAImpl.forward_mqa",
     "TOKENSPEED_MLA": "vllm.v1.attention.backends.mla.tokenspeed_mla:TokenspeedMLAImpl.forward_mqa",
     "CPU_MLA": "vllm.v1.attention.backends.mla.cpu_mla:CPUMLAImpl.forward_mqa",
+    "AMX_MLA": "vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mqa",
 }
 PREFILL_FUNCTION = "vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha"
+#: Backends that override ``forward_mha`` with their own compiled calls, per platform: the impl method
+#: and the calls (AMX_MLA on the CPU platform: ``extend_attention_cpu`` and the packed-weight ``bmm_cpu``).
+PLATFORM_PREFILL = {
+    ("cpu", "AMX_MLA"): ("vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mha",
+                         ("torch.ops._C:convert_weight_packed", "torch.ops._C:bmm_cpu",
+                          "torch.ops._C:extend_attention_cpu")),
+}
 #: What each real entry point needs loaded: (torch.ops namespace, op) or a Python module.
 _REAL_OPS = {
     "FLASHMLA": (("_flashmla_C", "dense_decode_fwd"), ("_flashmla_extension_C", "fwd_kvcache_mla_fp8")),
@@ -84,8 +97,15 @@ def calls_of(backend: str, path: str, platform: str | None = None) -> tuple[str,
     """The compiled calls the check of ``backend`` reaches on ``path`` ("decode" or "prefill") on ``platform``
     (None: CUDA, the adapter's main process)."""
     if path == "prefill":
+        if (platform, backend) in PLATFORM_PREFILL:
+            return PLATFORM_PREFILL[(platform, backend)][1]
         return () if platform in PLAIN_PREFILL_PLATFORMS else PREFILL_CALLS
     return DECODE_CALLS[backend]
+
+
+def prefill_function(backend: str, platform: str | None = None) -> str:
+    """The method that computes ``backend``'s MLA prefill on ``platform`` (the kernel record's ``function``)."""
+    return PLATFORM_PREFILL.get((platform, backend), (PREFILL_FUNCTION,))[0]
 
 
 def _op_loaded(namespace: str, op: str) -> bool:

@@ -1,9 +1,17 @@
-"""vLLM's CPU attention ops (a CPU build of ``vllm._C``), emulated in float64: the MLA paged decode.
+"""vLLM's CPU attention ops (a CPU build of ``vllm._C``), emulated in float64.
 
-vLLM's ``CPU_MLA`` backend decodes with ``torch.ops._C.mla_decode_kvcache``
-(through ``vllm._cpu_ops.mla_decode_kvcache_cpu``); a CUDA build of
-``vllm._C``, the one installed here, does not register it. Emulated callable
-(see ``EMULATIONS`` at the bottom): ``torch.ops._C:mla_decode_kvcache``.
+A CUDA build of ``vllm._C``, the one installed here, registers none of them.
+Emulated callables (see ``EMULATIONS`` at the bottom):
+
+* ``torch.ops._C:mla_decode_kvcache``: ``CPU_MLA``'s decode (through
+  ``vllm._cpu_ops.mla_decode_kvcache_cpu``), stated below;
+* ``torch.ops._C:get_scheduler_metadata``, ``cpu_attn_reshape_and_cache``,
+  ``cpu_attention_with_kv_cache``: ``CPU_ATTN``'s paged attention (GQA
+  models), emulated in ``vllm_cpu_attn.py``, whose docstring states their
+  contract.
+
+MLA decode (``mla_decode_kvcache``)
+-----------------------------------
 
 Read from vLLM's ``csrc/cpu/mla_decode.cpp`` (``mla_decode_kvcache`` and
 ``mla_decode_kvcache_cpu_impl``) and ``tests/kernels/attention/
