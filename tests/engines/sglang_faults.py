@@ -36,13 +36,19 @@ Faults (what a buggy release could ship):
   partial (its LSE sent as ``-inf``, so every receiver merges without it).
 * ``trtllm-mha-bmm1-x1.05``: SGLang's ``TRTLLMHAAttnBackend._get_bmm_scales``
   hands FlashInfer's (emulated) decode a ``bmm1_scale`` 1.05 times too large.
+* ``torch-native-scale-x1.05`` / ``flex-scale-x1.05``: TorchNativeAttnBackend's
+  ``_run_sdpa_forward_decode`` / TorchFlexAttnBackend's ``_run_flex_forward_decode``
+  hands SDPA / flex_attention the layer's scale times 1.05.
 * ``trtllm-mha-xqa-mask-full``: its XQA verify mask (``_xqa_spec_dec_mask``,
   passed by ``_run_fixed_q_len_decode``) has every bit set: each draft token
   sees the later ones.
 
 A case is a Triton cell (checked under Triton's interpreter), or one naming a
 CUDA backend, checked at level ``emulated`` (its kernel library calls emulated)
-on the cell's arch: sm90 unless the case names another.
+on the cell's arch: sm90 unless the case names another. A case on another
+platform's arch (``gfx942``, ``cpu``, ...) is configured and checked as a
+matrix run does it, in that platform's child process; its fault travels with
+the check's spec and is put in inside the child.
 """
 
 from __future__ import annotations
@@ -84,6 +90,18 @@ CASES = {
     "llama-decode-trtllm-mha-sm100": ("llama-3.1-8b", "none", 1, "auto", "trtllm_mha", 64, "sm100"),
     "llama-chain-trtllm-mha-sm100": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "trtllm_mha", 64, "sm100"),
     "llama-chain-fp8-trtllm-mha-sm100": ("llama-3.1-8b", "eagle-1x3", 1, "fp8_e4m3", "trtllm_mha", 64, "sm100"),
+    "v3-decode-flex": ("deepseek-v3", "none", 1, "auto", "flex_attention", 1),
+    "llama-decode-flex": ("llama-3.1-8b", "none", 1, "auto", "flex_attention", 1),
+    # other platforms: configured and checked in the child process of the cell's platform (``platform_check``)
+    "v3-decode-gfx942": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx942"),
+    "v3-decode-gfx950": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx950"),
+    "llama-decode-gfx950": ("llama-3.1-8b", "none", 1, "auto", "triton", 1, "gfx950"),
+    "llama-chain-gfx942": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "triton", 1, "gfx942"),
+    "llama-chain-gfx950": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "triton", 1, "gfx950"),
+    "v3-decode-xpu": ("deepseek-v3", "none", 1, "auto", "triton", 1, "xpu"),
+    "v3-decode-torch-native-cpu": ("deepseek-v3", "none", 1, "auto", "torch_native", 1, "cpu"),
+    "llama-decode-torch-native-cpu": ("llama-3.1-8b", "none", 1, "auto", "torch_native", 1, "cpu"),
+    "llama-decode-dcp4-torch-native-cpu": ("llama-3.1-8b", "none", 4, "auto", "torch_native", 1, "cpu"),
 }
 
 
@@ -201,7 +219,20 @@ FAULTS = {
     "fi-a2a-drops-last-rank": (*_FI_A2A, _fi_a2a_drop_fault),
     "trtllm-mha-bmm1-x1.05": ("backend:trtllm_mha", "_get_bmm_scales", lambda f: _bmm1_scaled(f, 1.05)),
     "trtllm-mha-xqa-mask-full": ("backend:trtllm_mha", "_run_fixed_q_len_decode", lambda f: _mask_full(f)),
+    "torch-native-scale-x1.05": ("backend:torch_native", "_run_sdpa_forward_decode",
+                                 lambda f: _sdpa_scaled(f, 1.05)),
+    "flex-scale-x1.05": ("backend:flex_attention", "_run_flex_forward_decode", lambda f: _sdpa_scaled(f, 1.05)),
 }
+
+
+def _sdpa_scaled(original: Any, factor: float) -> Any:
+    """torch_native's ``_run_sdpa_forward_decode`` / flex_attention's ``_run_flex_forward_decode`` given the
+    layer's scale times ``factor``."""
+    def decode(self, *args, scaling=None, **kwargs):
+        if scaling is None:
+            raise RuntimeError("fault: the decode was called without a scaling to scale")
+        return original(self, *args, scaling=scaling * factor, **kwargs)
+    return decode
 
 
 def _bmm1_scaled(original: Any, factor: float) -> Any:
@@ -285,14 +316,38 @@ def injected(fault: str) -> Iterator[None]:
 
 
 def run(inputs: Any, ctx: Any, options: Any) -> Any:
-    """The engine runner with the fault named in ``PYTEST_MLA_SGLANG_FAULT`` (for distributed rank processes)."""
+    """The engine runner with the fault named in the spec's ``fault`` option or ``PYTEST_MLA_SGLANG_FAULT``
+    (for distributed rank processes, and platform children, which keep their first environment)."""
     from pytest_mla.engines.sglang.checks import run as sglang_run
 
-    with injected(os.environ.get(FAULT_ENV, "none")):
+    with injected(options.get("fault") or os.environ.get(FAULT_ENV, "none")):
         return sglang_run(inputs, ctx, options)
 
 
-def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str, Any]:
+def platform_check(cell: Any, config: Any, *, fault: str, dtype: str, dcp_mode: str) -> dict[str, Any]:
+    """A cell of another platform as a matrix run checks it: configured in its platform's child, checked
+    there (the fault travels with the spec, ``run`` puts it in inside the child)."""
+    import dataclasses
+
+    from pytest_mla.engines.sglang.startup import SGLangEngine
+    from pytest_mla.kernels import harness
+
+    engine = _PARENT.get("engine")
+    if engine is None:
+        engine = _PARENT["engine"] = SGLangEngine()
+    configured = engine.configure(cell, config)
+    kernel = configured.kernel
+    if kernel is None:
+        raise SystemExit(f"{cell.id}: no check ({configured.kernel_reason})")
+    kernel = dataclasses.replace(kernel, target="sglang_faults:run", options=kernel.options + (("fault", fault),))
+    case = harness.case_for(cell.coords, config, seed=0, dtype=dtype, overrides=dict(kernel.case))
+    return engine.run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode, timeout_s=600)
+
+
+_PARENT: dict[str, Any] = {}
+
+
+def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool, fault: str = "none") -> dict[str, Any]:
     """One cell's kernel record, with the spec SGLang's resolution gives it (page size 1, tp = dcp)."""
     import dataclasses
 
@@ -308,6 +363,8 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     coords = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": arch, "kv_dtype": kv}
     cell = next(c for c in matrix.cells() if c.coords == coords)
     config = matrix.models[model]
+    if not arch.startswith("sm"):
+        return platform_check(cell, config, fault=fault, dtype=dtype, dcp_mode=dcp_mode)
     tp = dcp
     kv_heads = 1 if config.mla else max(1, config.num_kv_heads // (tp // dcp))
     kernel, why = kernel_for(cell, config, decode_backend=backend, page_size=page, kv_cache_dtype=kv, tp=tp,
@@ -330,19 +387,31 @@ def main(argv: list[str] | None = None) -> int:
     for scenario in args.scenarios:
         fault, _, case_id = scenario.partition(":")
         distributed = args.dcp_mode == "distributed"
-        if distributed:
+        if _platform_case(case_id):
+            # another platform's cell: the fault goes with the spec into the platform's child
+            record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=True, fault=fault)
+        elif distributed:
             os.environ[FAULT_ENV] = fault
             record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=True)
         else:
             with injected(fault):
                 record = check(case_id, dtype=args.dtype, dcp_mode=args.dcp_mode, wrapped=False)
-        errors = record.get("errors") or {}
-        print(json.dumps({"scenario": scenario, "status": record.get("status"), "finding": record.get("finding", False),
-                          "message": record.get("message"), "function": record.get("function"),
-                          "functions": record.get("functions"), "emulated": record.get("emulated"),
-                          "level": record.get("level"), "max_abs": (errors.get("out") or {}).get("max_abs_err"),
-                          "notes": record.get("notes")}), flush=True)
+        _print(scenario, record)
     return 0
+
+
+def _platform_case(case_id: str) -> bool:
+    entry = CASES[case_id]
+    return len(entry) > 6 and not entry[6].startswith("sm")
+
+
+def _print(scenario: str, record: dict[str, Any]) -> None:
+    errors = record.get("errors") or {}
+    print(json.dumps({"scenario": scenario, "status": record.get("status"), "finding": record.get("finding", False),
+                      "message": record.get("message"), "function": record.get("function"),
+                      "functions": record.get("functions"), "emulated": record.get("emulated"),
+                      "level": record.get("level"), "max_abs": (errors.get("out") or {}).get("max_abs_err"),
+                      "notes": record.get("notes"), "reason": record.get("reason")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -330,3 +330,91 @@ def test_min_seqlen_override_keeps_requests_non_empty():
     engine = harness.case_for(cell.coords, model, seed=0, overrides={"min_seqlen": 1})
     assert 0 in plain.seqlens and min(engine.seqlens) == 1
     assert len(engine.seqlens) == len(plain.seqlens) and engine.seed != plain.seed
+
+
+# ---- other platforms: the check runs in the child process of the cell's platform -----------------
+
+PLATFORM_RELEASES = [pytest.param(".venv-sglang", id="sglang-0.5.23"),
+                     pytest.param(".venv-sglang-0.5.22", id="sglang-0.5.22")]
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_faults_in_sglangs_code_fail_rocm_triton_and_cpu_torch_native_cells_in_their_platform_process(venv):
+    """A scale x1.05 planted in SGLang's Triton decode (``decode_attention_fwd``) fails a gfx942 cell, one in
+    TorchNativeAttnBackend's SDPA call fails a CPU cell: each check ran in its platform's child process (the
+    fault put in there); the same children verify the cells without it."""
+    rows = drive(venv, "decode-scale-x1.05:v3-decode-gfx942", "none:v3-decode-gfx942",
+                 "torch-native-scale-x1.05:llama-decode-torch-native-cpu", "none:llama-decode-torch-native-cpu",
+                 "decode-scale-x1.05:v3-decode-xpu")
+    for scenario in ("decode-scale-x1.05:v3-decode-gfx942", "torch-native-scale-x1.05:llama-decode-torch-native-cpu",
+                     "decode-scale-x1.05:v3-decode-xpu"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+    rocm, cpu = rows["none:v3-decode-gfx942"], rows["none:llama-decode-torch-native-cpu"]
+    assert rocm["status"] == "verified" and rocm["level"] == "backend", rocm
+    assert "ran in a process that imported SGLang on its ROCm platform, answering for gfx942" in rocm["notes"]
+    assert rocm["function"] == "sglang.srt.layers.attention.triton_backend:TritonAttnBackend.forward_decode"
+    assert cpu["status"] == "verified" and cpu["level"] == "backend", cpu
+    assert "ran in a process that imported SGLang on its CPU platform, answering for cpu" in cpu["notes"]
+    assert cpu["function"] == "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend.forward_decode"
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_gfx950_chain_verify_takes_sglangs_split_kv_kernel_which_gives_nan_without_a_prefix(venv):
+    """On gfx950 a topk-1 verify of a GQA model takes ``verify_splitkv_fwd`` (``use_verify_splitkv``:
+    ``is_gfx95_supported()``); its combine gives NaN for a request with no cached prefix (every split's LSE is
+    -inf). gfx942 runs ``extend_attention_fwd`` on the same case and verifies."""
+    rows = drive(venv, "none:llama-chain-gfx950", "none:llama-chain-gfx942")
+    gfx950, gfx942 = rows["none:llama-chain-gfx950"], rows["none:llama-chain-gfx942"]
+    assert gfx950["status"] == "failed" and "NaN position(s) differ" in gfx950["message"], gfx950
+    assert gfx942["status"] == "verified", gfx942
+
+
+def test_flex_attention_runs_sglangs_backend_with_torch_compiled_flex_attention_on_this_cpu():
+    """SGLang's TorchFlexAttnBackend on a CUDA cell: its own code, torch.compile(flex_attention) compiled by
+    Inductor for this CPU (level backend, the note says so); a scale x1.05 in its flex call fails the cell."""
+    rows = drive(".venv-sglang", "none:llama-decode-flex", "flex-scale-x1.05:llama-decode-flex")
+    ok = rows["none:llama-decode-flex"]
+    assert ok["status"] == "verified" and ok["level"] == "backend", ok
+    assert ok["function"] == "sglang.srt.layers.attention.torch_flex_backend:TorchFlexAttnBackend.forward_decode"
+    assert any(n.startswith("torch.compile(flex_attention)") for n in ok["notes"]), ok["notes"]
+    fault = rows["flex-scale-x1.05:llama-decode-flex"]
+    assert fault["status"] == "failed" and not fault["finding"] and fault["message"].startswith("out: "), fault
+
+
+def test_rocm_cpu_and_xpu_cells_run_triton_and_torch_native_in_their_platform_process(tmp_path):
+    """A matrix slice under -n 2: every accepted triton / torch_native cell of gfx942, gfx950, cpu, cpu_amx and
+    xpu is verified at level backend in its platform's process, or not-run naming what it needs (ROCm's
+    platform fp8 cache, sgl_kernel's CPU op for a GQA pool write with AMX)."""
+    python = venv_python(".venv-sglang")
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=deepseek-v3,llama-3.1-8b",
+                        "--mla-select=backend=triton,torch_native", "--mla-select=dcp=1", "--mla-select=spec=none",
+                        "--mla-select=arch=gfx942,gfx950,cpu,cpu_amx,xpu", "--mla-select=kv_dtype=auto,fp8_e4m3",
+                        "-n", "2", timeout=1500)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("sglang-*[0-9].json")))["cells"]}
+    labels = {"gfx942": "ROCm", "gfx950": "ROCm", "cpu": "CPU", "cpu_amx": "CPU", "xpu": "XPU"}
+    not_run = {}
+    for cell_id, cell in cells.items():
+        kernel = cell["kernel"]
+        if kernel is None or cell["outcome"]["kind"] != "accepted":
+            continue
+        if kernel["status"] == "not-run":
+            not_run[cell_id] = kernel["reason"]
+            continue
+        assert kernel["status"] == "verified" and kernel["level"] == "backend", (cell_id, kernel)
+        arch = cell_id.split("/")[4]
+        assert (f"ran in a process that imported SGLang on its {labels[arch]} platform, answering for {arch}"
+                in kernel["notes"]), (cell_id, kernel["notes"])
+    for arch in ("gfx942", "gfx950"):
+        for model in ("deepseek-v3", "llama-3.1-8b"):
+            reason = not_run.pop(f"{model}/triton/dcp1/none/{arch}/kv-fp8_e4m3")
+            assert "configure_kv_cache_dtype" in reason, reason
+            assert "configure_kv_cache_dtype" in not_run.pop(f"{model}/torch_native/dcp1/none/{arch}/kv-fp8_e4m3")
+    for backend in ("triton", "torch_native"):
+        for kv in ("auto", "fp8_e4m3"):
+            reason = not_run.pop(f"llama-3.1-8b/{backend}/dcp1/none/cpu_amx/kv-{kv}")
+            assert "calls torch.ops.sgl_kernel.store_cache_cpu" in reason, reason
+    assert not not_run, not_run
+    verified = [i for i, c in cells.items() if (c["kernel"] or {}).get("status") == "verified"]
+    assert {i.split("/")[4] for i in verified} == set(labels), verified

@@ -63,7 +63,7 @@ PACKAGE = "sglang"
 #: Decode backends checked on this host's CPU, under Triton's interpreter.
 INTERPRETED = ("triton",)
 #: Decode backends whose kernels are plain torch: they run on this host's CPU as they are.
-NATIVE = ("torch_native",)
+NATIVE = ("torch_native", "flex_attention")
 #: ``--triton-attention-num-kv-splits`` the checks run with (SGLang's default is 8); see docs/engines.md.
 NUM_KV_SPLITS = 2
 #: Where each backend runs for real, and what it needs there (backend -> (archs, modules)).
@@ -90,8 +90,13 @@ _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
 # ---- what a cell runs (called by the adapter's configure) --------------------------------------
 
 
-def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_target: str) -> tuple[KernelSpec | None, str]:
-    """``kernel_for`` with what SGLang resolved for the cell (its server args and the runner facts)."""
+def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_target: str,
+                platform: str | None = None) -> tuple[KernelSpec | None, str]:
+    """``kernel_for`` with what SGLang resolved for the cell (its server args and the runner facts).
+
+    ``platform``: the platform of the child process that resolved a cell of
+    another platform (None: the CUDA process).
+    """
     import torch
 
     host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
@@ -100,12 +105,19 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
         return None, reason  # nothing more to read: the backend cannot run here
     tp = int(server_args.tp_size)
     dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
-    kv = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(runner.kv_cache_dtype, "auto")
+    # (ROCm's e4m3fnuz cache is SGLang's fp8_e4m3 there: kv_cache_dtype.py TORCH_DTYPE_TO_KV_CACHE_STR)
+    kv = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2",
+          torch.float8_e4m3fnuz: "fp8_e4m3"}.get(runner.kv_cache_dtype, "auto")
+    if kv == "auto" and runner.kv_cache_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return None, f"SGLang resolved a {runner.kv_cache_dtype} KV cache, which the checks do not build"
     config = runner.model_config
     heads = config.get_num_attention_heads(tp)
     kv_heads = config.get_num_kv_heads(tp, dcp) if not model.mla else 1
     return kernel_for(cell, model, decode_backend=runner.decode_attention_backend_str, page_size=runner.page_size,
-                      kv_cache_dtype=kv, tp=tp, num_heads=heads, num_kv_heads=kv_heads, host_arch=host_arch)
+                      kv_cache_dtype=kv, tp=tp, num_heads=heads, num_kv_heads=kv_heads, host_arch=host_arch,
+                      platform=platform)
+
+
 
 
 #: How a cached MLA row of an FP8 cache may hold its token (see ``kernel_for``).
@@ -114,7 +126,8 @@ MLA_KV_CONVENTIONS = (("scaled", "K / k_scale (triton decode, trtllm_mla extend)
 
 
 def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv_cache_dtype: str,
-               tp: int, num_heads: int, num_kv_heads: int, host_arch: str | None) -> tuple[KernelSpec | None, str]:
+               tp: int, num_heads: int, num_kv_heads: int, host_arch: str | None,
+               platform: str | None = None) -> tuple[KernelSpec | None, str]:
     """The kernel check of an accepted cell: ``(spec, "")``, or ``(None, reason)`` when it cannot run here.
 
     ``decode_backend`` is the backend SGLang resolved for decode (``triton``
@@ -128,6 +141,13 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     spec = parse_spec(cell.spec)
     reason = not_runnable(cell, decode_backend, host_arch)
     emulate = reason is not None and decode_backend in EMULATED
+    if platform is not None:  # another platform's cell, resolved in its child: its check runs there
+        from .platform_check import PLATFORM_CHECKS, unrunnable_reason
+
+        emulate = False
+        reason = unrunnable_reason(cell, decode_backend, platform, kv_cache_dtype)
+        if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
+            reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
     if reason is not None and not emulate:
         return None, reason
     dcp = max(cell.dcp, 1)
@@ -148,8 +168,10 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         ("kv_conventions", MLA_KV_CONVENTIONS if model.mla else None),
         ("emulate", emulate),
         # the arch the backend's code sees (it branches on it); an interpreted or native check runs
-        # the same on every arch, an emulated one under the cell's faked platform
-        ("arch", cell.arch if emulate else None),
+        # the same on every CUDA arch, an emulated one under the cell's faked platform, another
+        # platform's cell in that platform's child under its own arch (``platform_check``)
+        ("arch", cell.arch if emulate or platform is not None else None),
+        ("platform", platform),
     )
     case = [("h_q", num_heads * dcp), ("page_size", int(page_size)), ("kv_dtype", str(kv_cache_dtype)),
             ("min_seqlen", 1)]
@@ -195,7 +217,7 @@ def _class_of(backend: str) -> str:
     return {"triton": "TritonAttnBackend", "flashinfer": "FlashInferMLAAttnBackend", "fa3": "FlashAttentionBackend",
             "fa4": "FlashAttentionBackend", "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
             "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
-            "torch_native": "TorchNativeAttnBackend"}.get(backend, backend)
+            "torch_native": "TorchNativeAttnBackend", "flex_attention": "TorchFlexAttnBackend"}.get(backend, backend)
 
 
 # ---- the engine runner -------------------------------------------------------------------------
@@ -206,6 +228,8 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     from . import pools
 
     engine = pools.load_engine()
+    if options.get("platform") is not None:
+        return _run_on_platform(engine, inputs, ctx, options)
     if not options.get("emulate"):
         return _run_rank(engine, inputs, ctx, options, None)
     from ...kernels.emulated.glue import OutOfContractError, OutOfRangeRead
@@ -222,6 +246,63 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
                               f"contracts: {exc}") from None
 
 
+def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """One rank of another platform's cell, in that platform's child, under the cell's arch (``platform_check``).
+
+    A compiled call of the platform's own kernel libraries (an import stub
+    here: ``GpuStep``) or a ``torch.ops.sgl_kernel`` op this host's torch
+    lacks is what the path needs and this host cannot run: not-run naming it.
+    """
+    import dataclasses
+
+    from ...kernels.engine_runner import EngineCannotRun
+    from ..common.gpu_steps import GpuStep
+    from . import platform_check
+
+    if options.get("platform") != _child_platform():
+        raise _ADAPTER_ERROR(f"a check of the {options.get('platform')} platform reached the "
+                             f"{_child_platform()} process")
+    try:
+        with platform_check.scope(engine.rc, options["arch"]) as changed:
+            result = _run_rank(engine, inputs, ctx, options, None)
+    except GpuStep as step:
+        raise EngineCannotRun(f"SGLang's {options['backend']} on the {options['platform']} platform "
+                              f"({options['arch']}) calls {step.what}") from None
+    except Exception as exc:
+        # (while the check's pools are filled, the adapter's stage wraps it: its cause says)
+        op = _missing_op(exc) or _missing_op(exc.__cause__)
+        if op is None:
+            raise
+        raise EngineCannotRun(f"SGLang's {options['backend']} on the {options['platform']} platform "
+                              f"({options['arch']}) calls torch.ops.{op}, which this host's torch does not have "
+                              "(the platform's sgl_kernel build is not installed)") from None
+    return dataclasses.replace(result, notes=tuple(result.notes) + platform_check.notes(options, changed))
+
+
+def _child_platform() -> str:
+    import os
+
+    from ..common.platform_process import PLATFORM_ENV
+
+    return os.environ.get(PLATFORM_ENV) or "cuda"
+
+
+def _ADAPTER_ERROR(message: str) -> Exception:
+    from .support import adapter_error
+
+    return adapter_error("kernel check", message)
+
+
+def _missing_op(exc: BaseException) -> str | None:
+    """``namespace.op`` when ``exc`` says ``torch.ops`` has no such operator (None otherwise)."""
+    import re
+
+    if exc is None:
+        return None
+    found = re.search(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'", str(exc))
+    return f"{found.group(1)}.{found.group(2)}" if isinstance(exc, AttributeError) and found else None
+
+
 def _run_rank(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any], shared: Any) -> Any:
     import dataclasses
 
@@ -229,14 +310,45 @@ def _run_rank(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any], sh
 
     with _ADAPTER_STAGE("set up SGLang for the check"):
         rank = pools.RankSetup.build(engine, inputs, ctx, options)
+    compiled = _compiled_counts() if options["backend"] == "flex_attention" else None
     try:
         result = rank.compute()
     finally:
         rank.close()
+    if compiled is not None:
+        result = dataclasses.replace(result, notes=tuple(result.notes) + _flex_notes(compiled, _compiled_counts()))
     if shared is None:
         return result
     return dataclasses.replace(result, emulated=tuple(shared.log.called),
                                notes=tuple(result.notes) + tuple(shared.notes()))
+
+
+def _compiled_counts() -> dict[str, int]:
+    """What ``torch.compile`` did so far in this process (dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    return {"cpp_templates": int(counters["inductor"].get("cpp_templated_kernel_counter", 0)),
+            "frames": int(counters["frames"].get("ok", 0)),
+            "breaks": sum(counters["unimplemented"].values()) + sum(counters["graph_break"].values())}
+
+
+def _flex_notes(before: Mapping[str, int], after: Mapping[str, int]) -> tuple[str, ...]:
+    """What ran of SGLang's ``torch.compile(flex_attention, dynamic=True)`` during the check.
+
+    SGLang's TorchFlexAttnBackend calls flex_attention through torch.compile; on
+    this host Inductor compiles it for the CPU (its C++ flex-attention
+    template), where a CUDA GPU gets Inductor's Triton template.
+    """
+    templates = after["cpp_templates"] - before["cpp_templates"]
+    breaks = after["breaks"] - before["breaks"]
+    if templates <= 0:
+        return ("torch.compile(flex_attention) compiled no flex-attention kernel during the check (an earlier "
+                "check's compiled frames served it, or dynamo ran it eagerly)",)
+    return (f"torch.compile(flex_attention) ran on this host's CPU: Inductor's C++ flex-attention template "
+            f"({templates} kernel(s); a CUDA GPU gets Inductor's Triton template)"
+            + (f"; dynamo broke the graph {breaks} time(s) on data-dependent branches over SGLang's tensor "
+               "sequence lengths (block-mask sizes), so flex_attention's Python around the kernel ran eagerly"
+               if breaks else ""),)
 
 
 class _AdapterStage:

@@ -280,6 +280,16 @@ class ArchProbes:
             _HIP_ARCH["arch"] = saved_hip
 
 
+_arch_probes: list[ArchProbes] = []
+
+
+def arch_probes() -> ArchProbes:
+    """This process's ``ArchProbes`` (built once, after SGLang's ``utils.common`` loaded)."""
+    if not _arch_probes:
+        _arch_probes.append(ArchProbes())
+    return _arch_probes[0]
+
+
 def known_archs() -> tuple[str, ...]:
     """The arch values the installed SGLang has a platform for, read from its sources (nothing imported).
 
@@ -370,5 +380,5 @@ def _accepts_fact(rc: Any, name: str, value: Any) -> bool:
         raise
 
 
-__all__ = ["ArchProbes", "DEVICES", "PLATFORM_LIBRARIES", "capability_of", "device_of", "fake_import_platform",
+__all__ = ["ArchProbes", "DEVICES", "arch_probes", "PLATFORM_LIBRARIES", "capability_of", "device_of", "fake_import_platform",
            "known_archs", "platform_fact_names", "platform_facts"]

@@ -73,7 +73,7 @@ from ..common.gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, 
 from ..common.gpu_steps import stop_at_gpu_steps
 from ..protocol import AdapterError, Configured, UnreachableError
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
-from .platforms import PLATFORM_LIBRARIES, ArchProbes, capability_of, device_of, fake_import_platform, known_archs
+from .platforms import PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, fake_import_platform, known_archs
 from .platforms import platform_fact_names, platform_facts
 from .support import STUBS
 
@@ -293,7 +293,7 @@ class SGLangEngine:
             self._cli_parser = _cli_parser(self._sg.server_args_cls)
             self._cli_choices = _cli_choices(self._cli_parser)
             self._install_capability()
-            self._arch_probes = ArchProbes()
+            self._arch_probes = arch_probes()
         except AdapterError as exc:  # every cell reports it, naming the step (never a refusal)
             self._broken = exc
 
@@ -363,13 +363,23 @@ class SGLangEngine:
         """The decode kernel to check for an accepted cell (``KernelSpec`` or None, and why not)."""
         from .checks import kernel_from
 
-        if self.platform != "cuda":
+        from .platform_check import PLATFORM_CHECKS
+
+        if self.platform != "cuda" and resolution.decode_backend not in PLATFORM_CHECKS.get(self.platform, ()):
             return None, other_platform_reason(resolution.decode_backend, cell.arch, self.platform)
 
         facts = types.SimpleNamespace(kv_cache_dtype=resolution.kv_cache_dtype, model_config=resolution.model_config,
                                       decode_attention_backend_str=resolution.decode_backend,
                                       page_size=resolution.page_size)
-        return kernel_from(cell, model, resolution.server_args, facts, self._kernel_target)
+        return kernel_from(cell, model, resolution.server_args, facts, self._kernel_target,
+                           platform=None if self.platform == "cuda" else self.platform)
+
+    def run_check(self, case: Any, spec: Any, *, where: str, dcp_mode: str, timeout_s: float) -> Any:
+        """A check of another platform's cell runs in that platform's child (None: in this process)."""
+        platform = spec.option_map.get("platform") if spec.protocol == "engine" else None
+        if platform is None or platform == self.platform:
+            return None
+        return self._child(platform).run_check(case, spec, where=where, dcp_mode=dcp_mode, timeout_s=timeout_s)
 
     def metadata(self) -> Mapping[str, Any]:
         data: dict[str, Any] = {
@@ -770,25 +780,17 @@ def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
                     "does not have (sgl_kernel's CPU build is not installed)")
     if decode_backend == "aiter":
         return "SGLang's aiter decodes with aiter.mla.mla_decode_fwd, which has no emulation yet"
-    if decode_backend == "torch_native" and platform == "cpu":
-        return ("SGLang's torch_native decodes with torch.nn.functional.scaled_dot_product_attention "
-                "(TorchNativeAttnBackend._run_sdpa_forward_decode), which this host has; its engine check "
-                "on the CPU platform is not written yet")
     if decode_backend in PLATFORM_DECODERS:
         return f"SGLang's {decode_backend} decodes with {PLATFORM_DECODERS[decode_backend]}, which this host lacks"
-    if decode_backend == "triton" and platform == "cpu":
-        return (f"SGLang's triton on the cpu platform ({arch}) decodes with {DEVICE_DECODERS['triton']}, which "
-                "Triton compiles for GPUs only; the engine checks run it under Triton's interpreter in the CUDA "
-                "process only")
-    if decode_backend in DEVICE_DECODERS:
+    if decode_backend in DEVICE_DECODERS:  # (ROCm, CPU and XPU run it: platform_check.PLATFORM_CHECKS)
         return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
-                f"{DEVICE_DECODERS[decode_backend]} on a {platform} device, which this host lacks; the engine checks "
-                "run that code in the CUDA process only")
+                f"{DEVICE_DECODERS[decode_backend]} on a {platform} device, which this host lacks; its check runs "
+                "on the ROCm, CPU and XPU platforms only")
     if decode_backend in SPARSE_DECODERS:
         return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
                 f"{SPARSE_DECODERS[decode_backend]}, which has no emulation yet")
-    return (f"SGLang's {decode_backend} on the {platform} platform ({arch}): the engine checks run in the CUDA "
-            "process on SGLang's triton backend only")
+    return (f"SGLang's {decode_backend} on the {platform} platform ({arch}): the engine checks run on this "
+            "platform for SGLang's triton and torch_native backends only")
 
 
 class _ConstructionLog:

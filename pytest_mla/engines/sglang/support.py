@@ -46,4 +46,5 @@ def backend_module(backend: str) -> str:
             "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",
             "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
             "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
-            "torch_native": "sglang.srt.layers.attention.torch_native_backend"}.get(backend, "sglang")
+            "torch_native": "sglang.srt.layers.attention.torch_native_backend",
+            "flex_attention": "sglang.srt.layers.attention.torch_flex_backend"}.get(backend, "sglang")

@@ -1,0 +1,196 @@
+"""The kernel check of another platform's cell, run in that platform's child process.
+
+SGLang's ``triton`` and ``torch_native`` backends run their CUDA code on ROCm,
+CPU and XPU too, with that platform's branches (``_is_hip``, ``_is_xpu``,
+``_is_cpu`` and the per-arch probes). The child of the cell's platform
+(``engines/common/platform_process.py``) imported SGLang on it, so those
+branches are the platform's; ``scope`` states the cell's arch for the
+duration of a check, as ``SGLangEngine.cell_context`` does for start-up
+validation, and more: every SGLang module-level constant that was derived
+from an arch probe when its module loaded (``extend_attention._is_gfx95 =
+_is_hip and is_gfx95_supported()``, ``memory_pool._cpu_has_amx_support``) is
+derived again from SGLang's own statement for the cell's arch, and put back
+afterwards. Without that a gfx950 cell would run the gfx942 branches of
+``extend_attention`` (the arch the child loaded on).
+
+Triton's kernels run under its interpreter, as the CUDA cells' do: no Triton
+compiler for these platforms exists here (and none for the CPU platform at
+all: Triton compiles for GPUs). torch_native's decode is plain torch, run on
+this host's CPU. A path that reaches a compiled call of the platform's own
+kernel libraries (``sgl_kernel``'s CPU / XPU build, AMD's ``aiter``: import
+stubs in the child) stops the check as not-run naming that call.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import sys
+import threading
+import types
+from typing import Any, Iterator, Mapping
+
+from ...core.cells import platform_of
+from ..common.sources import source_of
+
+__all__ = ["PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "notes", "scope", "unrunnable_reason"]
+
+#: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``.
+PLATFORM_CHECKS = {"rocm": ("triton", "torch_native"), "cpu": ("triton", "torch_native"),
+                   "xpu": ("triton", "torch_native")}
+PLATFORM_LABELS = {"rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
+
+#: The modules of the check's path (attention kernels and backends, pools, DCP, the DeepSeek attention).
+_CHECK_PATH = ("sglang.kernels.ops.attention.", "sglang.srt.layers.attention.", "sglang.srt.mem_cache.",
+               "sglang.srt.layers.dcp.", "sglang.srt.layers.radix_attention.", "sglang.srt.models.deepseek_common.")
+_lock = threading.RLock()
+_active: list[Any] = [None, 0]  # [the shared ExitStack, ranks inside it]
+
+
+def unrunnable_reason(cell: Any, decode_backend: str, platform: str, kv_cache_dtype: str) -> str | None:
+    """Why a cell of ``platform`` whose decode backend has a platform check still cannot run it (None: it can).
+
+    SGLang on ROCm stores an fp8 KV cache in its platform's own fp8 format
+    (``mem_cache/kv_cache_dtype.py`` ``configure_kv_cache_dtype``:
+    ``fp8_dtype if _is_hip``, for ``fp8_e4m3`` and ``fp8_e5m2`` alike; that
+    is ``float8_e4m3fnuz`` on gfx942, ``kernels/ops/quantization/fp8_kernel.py``
+    ``is_fp8_fnuz()``), bound when those modules load: the check's e4m3fn /
+    e5m2 cache has no faithful copy in it yet.
+    """
+    if platform == "rocm" and str(kv_cache_dtype).startswith("fp8"):
+        return (f"SGLang on the rocm platform ({cell.arch}) stores a {kv_cache_dtype} KV cache as its platform fp8 "
+                "type (kv_cache_dtype.py configure_kv_cache_dtype: fp8_dtype if _is_hip; float8_e4m3fnuz on gfx942), "
+                "bound when its modules load: the check's e4m3fn/e5m2 cache has no faithful copy in it yet")
+    return None
+
+
+def notes(options: Mapping[str, Any], changed: list[str]) -> tuple[str, ...]:
+    """Where a platform check ran, which load-time constants answered its arch, what stood in for the device."""
+    platform = options["platform"]
+    label = PLATFORM_LABELS.get(platform, platform)
+    said = [f"ran in a process that imported SGLang on its {label} platform, answering for {options['arch']}"]
+    on_path = sorted(name for name in changed if name.startswith(_CHECK_PATH))
+    if changed:
+        others = len(changed) - len(on_path)
+        said.append(f"SGLang constants derived from the arch probes when their modules loaded, derived again for "
+                    f"{options['arch']}: " + ", ".join(on_path or ["none on the attention path"])
+                    + (f" (and {others} in other modules)" if others else ""))
+    if options["backend"] == "triton":
+        said.append("SGLang's Triton kernels ran under Triton's interpreter on this host's CPU"
+                    + (" (Triton has no compiler for the CPU platform)" if platform == "cpu" else
+                       f" (no {label} device here)"))
+    else:
+        said.append(f"torch ran on this host's CPU (no {label} device here)" if platform != "cpu" else
+                    "torch ran on this host's CPU")
+    return tuple(said)
+
+
+@contextlib.contextmanager
+def scope(adapter_rc: Any, arch: str) -> Iterator[list[str]]:
+    """The cell's arch for one check, shared by its in-process DCP ranks (entered by the first, left by the last).
+
+    Yields the SGLang constants derived again for the arch (``module.NAME``).
+    """
+    with _lock:
+        if _active[1] == 0:
+            stack = contextlib.ExitStack()
+            try:
+                changed = stack.enter_context(_stated(adapter_rc, arch))
+            except BaseException:
+                stack.close()
+                raise
+            _active[0] = (stack, changed)
+        _active[1] += 1
+        changed = _active[0][1]
+    try:
+        yield changed
+    finally:
+        with _lock:
+            _active[1] -= 1
+            if _active[1] == 0:
+                (stack, _), _active[0] = _active[0], None
+                stack.close()
+
+
+@contextlib.contextmanager
+def _stated(rc: Any, arch: str) -> Iterator[list[str]]:
+    import torch
+
+    from .platforms import ARCH_PROBES, arch_probes, capability_of, platform_fact_names, platform_facts
+
+    facts = platform_facts(arch)
+    known = platform_fact_names(rc, None)
+    capability = capability_of(arch)
+    probes = arch_probes()
+    saved_capability = torch.cuda.get_device_capability
+    with rc.override_platform(**{k: v for k, v in facts.items() if k in known}), probes.on(arch):
+        if platform_of(arch) == "rocm":  # torch.cuda answers on a HIP device
+            torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
+        try:
+            with derived_constants(ARCH_PROBES) as changed:
+                yield changed
+        finally:
+            torch.cuda.get_device_capability = saved_capability  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def derived_constants(probes: tuple[str, ...]) -> Iterator[list[str]]:
+    """Every loaded SGLang module's top-level ``NAME = <expr>`` whose expression calls one of ``probes``
+    (or reads a name derived so), evaluated again now (the probes answer the active arch); put back after.
+
+    Yields ``module.NAME`` of each constant that changed.
+    """
+    saved: list[tuple[types.ModuleType, str, Any]] = []
+    changed: list[str] = []
+    try:
+        for name, module in list(sys.modules.items()):
+            if module is None or not (name == "sglang" or name.startswith("sglang.")):
+                continue
+            for target, expr in _derived_statements(name, probes):
+                try:
+                    value = eval(expr, vars(module))  # noqa: S307 - SGLang's own module-level statement, re-run
+                except Exception as exc:  # noqa: BLE001 - a statement that needs what only its load had
+                    from .support import adapter_error
+
+                    raise adapter_error("kernel check", f"cannot derive {name}.{target} again for the cell's arch: "
+                                                        f"{type(exc).__name__}: {exc}") from None
+                old = vars(module).get(target)
+                if not isinstance(value, _PLAIN) or type(value) is type(old) and value == old:
+                    continue  # an object (a kernel, a table) or the same answer: left as it loaded
+                saved.append((module, target, old))
+                setattr(module, target, value)
+                changed.append(f"{name}.{target}")
+        yield changed
+    finally:
+        for module, target, old in reversed(saved):
+            setattr(module, target, old)
+
+
+_PLAIN = (bool, int, float, str, type(None))
+_statements: dict[tuple[str, tuple[str, ...]], list[tuple[str, Any]]] = {}
+
+
+def _derived_statements(module_name: str, probes: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """``(name, compiled expression)`` of a module's top-level assignments derived from ``probes`` (cached)."""
+    key = (module_name, probes)
+    found = _statements.get(key)
+    if found is not None:
+        return found
+    found = []
+    source = source_of(module_name) if _has_probe_text(module_name, probes) else None
+    if source is not None:
+        derived = set(probes)
+        for node in ast.parse(source).body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                continue
+            used = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+            if used & derived:
+                derived.add(node.targets[0].id)
+                found.append((node.targets[0].id, compile(ast.Expression(node.value), module_name, "eval")))
+    _statements[key] = found
+    return found
+
+
+def _has_probe_text(module_name: str, probes: tuple[str, ...]) -> bool:
+    module = sys.modules.get(module_name)
+    return module is not None and any(p in vars(module) for p in probes)

@@ -1,0 +1,101 @@
+"""SGLang's load-time arch constants answer the check's arch (``engines/sglang/platform_check.py``).
+
+No SGLang needed: a tiny ``sglang`` package written here stands in, with the
+shape of SGLang's own statements (``_is_gfx95 = _is_hip and is_gfx95_supported()``).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from pytest_mla.engines.sglang.platform_check import PLATFORM_CHECKS, derived_constants, notes, unrunnable_reason
+
+PROBES_SOURCE = '''
+ANSWER = {"gfx95": False}
+
+
+def is_hip():
+    return True
+
+
+def is_gfx95_supported():
+    return ANSWER["gfx95"]
+'''
+
+USER_SOURCE = '''
+from sglang.probes import is_gfx95_supported, is_hip
+
+_is_hip = is_hip()
+_is_gfx95 = _is_hip and is_gfx95_supported()
+_wide_tiles = _is_gfx95 and True
+_TABLE = {"tuned": is_gfx95_supported()}
+UNRELATED = 3
+'''
+
+
+@pytest.fixture
+def fake_sglang(tmp_path, monkeypatch):
+    package = tmp_path / "sglang"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "probes.py").write_text(textwrap.dedent(PROBES_SOURCE))
+    (package / "user.py").write_text(textwrap.dedent(USER_SOURCE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import sglang.probes
+    import sglang.user
+
+    yield sglang.probes, sglang.user
+    for name in ("sglang", "sglang.probes", "sglang.user"):
+        sys.modules.pop(name, None)
+
+
+def test_constants_derived_from_a_probe_answer_the_active_arch_and_are_put_back(fake_sglang):
+    probes, user = fake_sglang
+    assert user._is_gfx95 is False and user._wide_tiles is False  # loaded on the other arch
+    probes.ANSWER["gfx95"] = True  # the check's arch (ArchProbes answers it in the child)
+    with derived_constants(("is_gfx95_supported",)) as changed:
+        assert user._is_gfx95 is True
+        assert user._wide_tiles is True  # derived from a derived name, in source order
+        assert user._TABLE == {"tuned": False}  # an object, not a plain value: left as it loaded
+        assert sorted(changed) == ["sglang.user._is_gfx95", "sglang.user._wide_tiles"]
+    assert user._is_gfx95 is False and user._wide_tiles is False
+    assert user.UNRELATED == 3
+
+
+def test_a_statement_that_cannot_run_again_is_the_adapters_error(fake_sglang):
+    from pytest_mla.core.errors import AdapterError
+
+    probes, user = fake_sglang
+    del probes.ANSWER["gfx95"]  # the probe now raises KeyError
+    with pytest.raises(AdapterError, match=r"cannot derive sglang\.user\._is_gfx95 again .*KeyError"):
+        with derived_constants(("is_gfx95_supported",)):
+            pass
+    assert user._is_gfx95 is False
+
+
+class _Cell:
+    arch = "gfx942"
+
+
+def test_rocm_fp8_caches_stay_not_run_naming_sglangs_platform_fp8_type():
+    reason = unrunnable_reason(_Cell(), "triton", "rocm", "fp8_e4m3")
+    assert reason is not None and "configure_kv_cache_dtype" in reason and "float8_e4m3fnuz" in reason
+    assert unrunnable_reason(_Cell(), "triton", "rocm", "auto") is None
+    assert unrunnable_reason(_Cell(), "torch_native", "cpu", "fp8_e4m3") is None
+
+
+def test_notes_say_where_the_check_ran_and_what_stood_in_for_the_device():
+    assert set(PLATFORM_CHECKS) == {"rocm", "cpu", "xpu"}
+    said = notes({"platform": "rocm", "arch": "gfx950", "backend": "triton"},
+                 ["sglang.kernels.ops.attention.extend_attention._is_gfx95", "sglang.srt.layers.moe.topk._is_gfx95"])
+    assert said[0] == "ran in a process that imported SGLang on its ROCm platform, answering for gfx950"
+    assert "extend_attention._is_gfx95 (and 1 in other modules)" in said[1]
+    assert "Triton's interpreter" in said[2]
+    cpu = notes({"platform": "cpu", "arch": "cpu", "backend": "torch_native"}, [])
+    assert cpu == ("ran in a process that imported SGLang on its CPU platform, answering for cpu",
+                   "torch ran on this host's CPU")
