@@ -92,6 +92,8 @@ CASES = {
     "llama-chain-fp8-trtllm-mha-sm100": ("llama-3.1-8b", "eagle-1x3", 1, "fp8_e4m3", "trtllm_mha", 64, "sm100"),
     "v3-decode-flex": ("deepseek-v3", "none", 1, "auto", "flex_attention", 1),
     "llama-decode-flex": ("llama-3.1-8b", "none", 1, "auto", "flex_attention", 1),
+    "v32-decode-flex": ("deepseek-v3.2", "none", 1, "auto", "flex_attention", 1),
+    "llama-decode-fp8-flex": ("llama-3.1-8b", "none", 1, "fp8_e4m3", "flex_attention", 1),
     # other platforms: configured and checked in the child process of the cell's platform (``platform_check``)
     "v3-decode-gfx942": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx942"),
     "v3-decode-gfx950": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx950"),

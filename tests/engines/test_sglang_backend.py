@@ -373,13 +373,16 @@ def test_gfx950_chain_verify_takes_sglangs_split_kv_kernel_which_gives_nan_witho
 def test_flex_attention_runs_sglangs_backend_with_torch_compiled_flex_attention_on_this_cpu():
     """SGLang's TorchFlexAttnBackend on a CUDA cell: its own code, torch.compile(flex_attention) compiled by
     Inductor for this CPU (level backend, the note says so); a scale x1.05 in its flex call fails the cell."""
-    rows = drive(".venv-sglang", "none:llama-decode-flex", "flex-scale-x1.05:llama-decode-flex")
+    rows = drive(".venv-sglang", "none:llama-decode-flex", "flex-scale-x1.05:llama-decode-flex",
+                 "none:llama-decode-fp8-flex")
     ok = rows["none:llama-decode-flex"]
     assert ok["status"] == "verified" and ok["level"] == "backend", ok
     assert ok["function"] == "sglang.srt.layers.attention.torch_flex_backend:TorchFlexAttnBackend.forward_decode"
     assert any(n.startswith("torch.compile(flex_attention)") for n in ok["notes"]), ok["notes"]
     fault = rows["flex-scale-x1.05:llama-decode-flex"]
     assert fault["status"] == "failed" and not fault["finding"] and fault["message"].startswith("out: "), fault
+    fp8 = rows["none:llama-decode-fp8-flex"]  # the fp8 rows reach flex_attention as stored: this CPU refuses them
+    assert fp8["status"] == "not-run" and "refuses mixed dtypes" in fp8["reason"], fp8
 
 
 def test_rocm_cpu_and_xpu_cells_run_triton_and_torch_native_in_their_platform_process(tmp_path):
@@ -415,6 +418,8 @@ def test_rocm_cpu_and_xpu_cells_run_triton_and_torch_native_in_their_platform_pr
         for kv in ("auto", "fp8_e4m3"):
             reason = not_run.pop(f"llama-3.1-8b/{backend}/dcp1/none/cpu_amx/kv-{kv}")
             assert "calls torch.ops.sgl_kernel.store_cache_cpu" in reason, reason
+            reason = not_run.pop(f"llama-3.1-8b/{backend}/dcp1/none/xpu/kv-{kv}")
+            assert "calls sgl_kernel.store_cache_xpu" in reason, reason
     assert not not_run, not_run
     verified = [i for i, c in cells.items() if (c["kernel"] or {}).get("status") == "verified"]
     assert {i.split("/")[4] for i in verified} == set(labels), verified

@@ -83,6 +83,8 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: their GPU is not: every kernel library call they make has an emulation in ``kernels.emulated``.
 EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
+#: SGLang's sparse-attention backends (a DSA checkpoint's own; none has a check yet).
+_DSA_BACKENDS = ("dsa", "nsa")
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
 
@@ -148,6 +150,11 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         reason = unrunnable_reason(cell, decode_backend, platform, kv_cache_dtype)
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
+    if reason is None and getattr(model, "index_topk", 0) and decode_backend not in _DSA_BACKENDS:
+        reason = (f"SGLang serves {cell.model}, a DeepSeek DSA checkpoint, with its DSA KV pool and its indexer's "
+                  "top-k handed to the backend (DeepseekMLAForwardMixin, use_dsa: forward_mla.py's indexer call); "
+                  f"the check builds a dense MLA pool without an indexer, which is not how {decode_backend} serves it")
+        emulate = False
     if reason is not None and not emulate:
         return None, reason
     dcp = max(cell.dcp, 1)
@@ -228,6 +235,8 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     from . import pools
 
     engine = pools.load_engine()
+    if options["backend"] == "flex_attention":
+        return _run_flex(engine, inputs, ctx, options)
     if options.get("platform") is not None:
         return _run_on_platform(engine, inputs, ctx, options)
     if not options.get("emulate"):
@@ -259,9 +268,13 @@ def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, A
     from ..common.gpu_steps import GpuStep
     from . import platform_check
 
-    if options.get("platform") != _child_platform():
-        raise _ADAPTER_ERROR(f"a check of the {options.get('platform')} platform reached the "
-                             f"{_child_platform()} process")
+    from .platforms import loaded_platform
+
+    if options.get("platform") != loaded_platform():
+        # (a rank process of --mla-dcp-mode=distributed loads SGLang afresh, for CUDA)
+        raise EngineCannotRun(f"SGLang's {options['backend']} on the {options['platform']} platform runs in a process "
+                              f"that loaded SGLang on it; this one loaded it for {loaded_platform()} (with "
+                              "--mla-dcp-mode=distributed each rank is such a process: use in-process DCP)")
     try:
         with platform_check.scope(engine.rc, options["arch"]) as changed:
             result = _run_rank(engine, inputs, ctx, options, None)
@@ -279,18 +292,26 @@ def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, A
     return dataclasses.replace(result, notes=tuple(result.notes) + platform_check.notes(options, changed))
 
 
-def _child_platform() -> str:
-    import os
-
-    from ..common.platform_process import PLATFORM_ENV
-
-    return os.environ.get(PLATFORM_ENV) or "cuda"
+#: What Inductor's CPU flex-attention lowering says of a query and KV of different dtypes
+#: (torch/_inductor/kernel/flex/flex_cpu.py); its CUDA Triton template takes them.
+_FLEX_CPU_MIXED_DTYPES = "Mixed query, key, and value dtype is not supported on this platform"
 
 
-def _ADAPTER_ERROR(message: str) -> Exception:
-    from .support import adapter_error
+def _run_flex(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
+    """One rank of a flex_attention cell: SGLang's TorchFlexAttnBackend on this CPU (its torch.compile'd
+    flex_attention compiled by Inductor for the CPU). An fp8 cache reaches flex_attention as it is stored
+    (TorchFlexAttnBackend passes the cache rows unconverted), which the CPU lowering refuses: not-run."""
+    from ...kernels.engine_runner import EngineCannotRun
 
-    return adapter_error("kernel check", message)
+    try:
+        return _run_rank(engine, inputs, ctx, options, None)
+    except Exception as exc:
+        if _FLEX_CPU_MIXED_DTYPES not in str(exc):
+            raise
+        raise EngineCannotRun(f"SGLang's TorchFlexAttnBackend hands flex_attention the {options['kv_cache_dtype']} "
+                              "cache rows as stored with a bf16 query; torch.compile on this CPU refuses mixed "
+                              "dtypes (Inductor's flex_cpu lowering: 'Mixed query, key, and value dtype is not "
+                              "supported on this platform'), where a CUDA GPU's Triton template takes them") from None
 
 
 def _missing_op(exc: BaseException) -> str | None:

@@ -167,7 +167,17 @@ def fake_import_platform(platform: str, lifetime: contextlib.ExitStack) -> list[
     module_name, class_name = SRT_PLATFORMS[platform]
     srt_class = getattr(importlib.import_module(f"sglang.srt.platforms.{module_name}"), class_name)
     srt_platforms._current_platform = srt_class()
+    _FAKED[0] = platform
     return stubbed
+
+
+#: The platform this process loaded SGLang on (``fake_import_platform``; "cuda" otherwise).
+_FAKED = ["cuda"]
+
+
+def loaded_platform() -> str:
+    """The platform SGLang's modules were loaded on in this process."""
+    return _FAKED[0]
 
 
 #: The GFX target ``torch.cuda.get_device_properties`` reports in a ROCm child (set per cell).
@@ -381,4 +391,4 @@ def _accepts_fact(rc: Any, name: str, value: Any) -> bool:
 
 
 __all__ = ["ArchProbes", "DEVICES", "arch_probes", "PLATFORM_LIBRARIES", "capability_of", "device_of", "fake_import_platform",
-           "known_archs", "platform_fact_names", "platform_facts"]
+           "known_archs", "loaded_platform", "platform_fact_names", "platform_facts"]
