@@ -120,8 +120,6 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
                       platform=platform)
 
 
-
-
 #: How a cached MLA row of an FP8 cache may hold its token (see ``kernel_for``).
 MLA_KV_CONVENTIONS = (("scaled", "K / k_scale (triton decode, trtllm_mla extend)"),
                       ("raw", "K itself (flashinfer, the pool's set_kv_buffer / set_mla_kv_buffer)"))
@@ -267,7 +265,6 @@ def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, A
     from ...kernels.engine_runner import EngineCannotRun
     from ..common.gpu_steps import GpuStep
     from . import platform_check
-
     from .platforms import loaded_platform
 
     if options.get("platform") != loaded_platform():
