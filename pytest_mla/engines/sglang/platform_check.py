@@ -58,8 +58,9 @@ def unrunnable_reason(cell: Any, decode_backend: str, platform: str, kv_cache_dt
     e5m2 cache has no faithful copy in it yet.
     """
     if platform == "rocm" and str(kv_cache_dtype).startswith("fp8"):
-        return (f"SGLang on the rocm platform ({cell.arch}) stores a {kv_cache_dtype} KV cache as its platform fp8 "
-                "type (kv_cache_dtype.py configure_kv_cache_dtype: fp8_dtype if _is_hip; float8_e4m3fnuz on gfx942), "
+        asked = getattr(cell, "kv_dtype", None) or kv_cache_dtype
+        return (f"SGLang on the rocm platform ({cell.arch}) stores a {asked} KV cache as its platform fp8 type "
+                "(kv_cache_dtype.py configure_kv_cache_dtype: fp8_dtype if _is_hip; float8_e4m3fnuz on gfx942), "
                 "bound when its modules load: the check's e4m3fn/e5m2 cache has no faithful copy in it yet")
     return None
 
