@@ -83,8 +83,6 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: their GPU is not: every kernel library call they make has an emulation in ``kernels.emulated``.
 EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
-#: SGLang's sparse-attention backends (a DSA checkpoint's own; none has a check yet).
-_DSA_BACKENDS = ("dsa", "nsa")
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
 
@@ -148,7 +146,8 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         reason = unrunnable_reason(cell, decode_backend, platform, kv_cache_dtype)
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
-    if reason is None and getattr(model, "index_topk", 0) and decode_backend not in _DSA_BACKENDS:
+    # (the emulated CUDA backends keep their DSA-model checks for now: see docs/engines.md)
+    if reason is None and getattr(model, "index_topk", 0) and (platform is not None or decode_backend in NATIVE):
         reason = (f"SGLang serves {cell.model}, a DeepSeek DSA checkpoint, with its DSA KV pool and its indexer's "
                   "top-k handed to the backend (DeepseekMLAForwardMixin, use_dsa: forward_mla.py's indexer call); "
                   f"the check builds a dense MLA pool without an indexer, which is not how {decode_backend} serves it")
