@@ -146,8 +146,8 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         reason = unrunnable_reason(cell, decode_backend, platform, kv_cache_dtype)
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
-    # (the emulated CUDA backends keep their DSA-model checks for now: see docs/engines.md)
-    if reason is None and getattr(model, "index_topk", 0) and (platform is not None or decode_backend in NATIVE):
+    # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md
+    if (reason is None or emulate) and getattr(model, "index_topk", 0):
         reason = (f"SGLang serves {cell.model}, a DeepSeek DSA checkpoint, with its DSA KV pool and its indexer's "
                   "top-k handed to the backend (DeepseekMLAForwardMixin, use_dsa: forward_mla.py's indexer call); "
                   f"the check builds a dense MLA pool without an indexer, which is not how {decode_backend} serves it")
