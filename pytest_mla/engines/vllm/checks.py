@@ -845,6 +845,10 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
         if platform != getattr(engine, "platform", "cuda") or name not in PLATFORM_CHECKS.get(platform, ()):
             return None, other_platform_reason(name, cell.arch, platform)
         return _platform_spec(engine, cell, model, tp, name, platform, startup)
+    if name in CPU_OPS:  # a CPU backend forced on a CUDA arch: its ops exist in a CPU build of vllm._C only
+        return None, (f"vLLM's {name} on a CUDA arch ({cell.arch}) calls torch.ops._C.{CPU_OPS[name]} (and, for "
+                      "AMX_MLA, convert_weight_packed when its weights load), which only a CPU build of vllm._C "
+                      "registers: not checked here (a CUDA build would raise AttributeError; a candidate finding)")
     where = ensure_triton_mode()
     if name in ATTN_FUNCTIONS and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup), None
