@@ -304,25 +304,28 @@ class _Twins:
     def __init__(self, model: ReportModel, cells: Sequence[Mapping[str, Any]]) -> None:
         self.axes = list(model.axes)
         self.index = {a: i for i, a in enumerate(self.axes)}
-        self.accepted: set[tuple[Any, ...]] = set()
-        self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {a: {} for a in _ANY_AXES
-                                                                          if a in self.index}
         self.keys = model.keys  # the same axes, in the same order
         accepted_ids = model.accepted_ids
-        for c in cells:
-            if id(c) not in accepted_ids:
-                continue
-            key = self.keys[id(c)]
-            self.accepted.add(key)
-            for a, index in self.accepted_any.items():
-                i = self.index[a]
+        self.accepted: set[tuple[Any, ...]] = set(map(self.keys.__getitem__,
+                                                      filter(accepted_ids.__contains__, map(id, cells))))
+        #: axis of ``_ANY_AXES`` → the accepted keys without that axis → the values it takes there;
+        #: made when a column first asks (arch columns reset nothing).
+        self.accepted_any: dict[str, dict[tuple[Any, ...], set[Any]]] = {}
+
+    def _any_index(self, axis: str) -> dict[tuple[Any, ...], set[Any]]:
+        index = self.accepted_any.get(axis)
+        if index is None:
+            index = self.accepted_any[axis] = {}
+            i = self.index[axis]
+            for key in self.accepted:
                 index.setdefault(key[:i] + key[i + 1:], set()).add(key[i])
+        return index
 
     def plain_accepted(self, key: tuple[Any, ...], axis: str, plain: Mapping[str, Any]) -> bool:
         """Whether the twin of the cell ``key`` with ``axis`` reset was accepted (no plain value: yes)."""
         i = self.index[axis]
-        if axis in self.accepted_any:
-            others = self.accepted_any[axis].get(key[:i] + key[i + 1:], ())
+        if axis in _ANY_AXES:
+            others = self._any_index(axis).get(key[:i] + key[i + 1:], ())
             return any(v != key[i] for v in others)
         if axis not in plain:
             return True
@@ -394,9 +397,15 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
     if column.reset:
         keys, reset, plain_accepted = twins.keys, column.reset, twins.plain_accepted
         accepted_ids = model.accepted_ids
-        counted = [c for c in cells
-                   if id(c) in accepted_ids or all_states[id(c)] in (BAD, XFAIL)
-                   or all(plain_accepted(keys[id(c)], axis, plain) for axis in reset)] or cells
+        if len(reset) == 1:
+            (axis,) = reset
+            counted = [c for c in cells
+                       if id(c) in accepted_ids or all_states[id(c)] in (BAD, XFAIL)
+                       or plain_accepted(keys[id(c)], axis, plain)] or cells
+        else:
+            counted = [c for c in cells
+                       if id(c) in accepted_ids or all_states[id(c)] in (BAD, XFAIL)
+                       or all(plain_accepted(keys[id(c)], axis, plain) for axis in reset)] or cells
     else:  # an arch column: every cell counts
         counted = cells
     space = _Space(model, counted)
@@ -534,11 +543,22 @@ def _verified_on(model: ReportModel, cells: Sequence[Mapping[str, Any]], notes: 
     verified = emulated = failed = 0
     reasons: list[str] = []
     seen = model.cache.setdefault("kernel_facts", {})  # the identity of a record's kernel values → facts
+    by_fields = model.cache.setdefault("kernel_facts_by_fields", {})  # _KERNEL_FACT_FIELDS of one kernel → facts
     for c in accepted:
         kernel, runs = c.get("kernel"), c.get("kernel_runs")
-        facts = seen.get((id(kernel), id(runs)))
+        facts = None
+        if not runs and type(kernel) is dict and kernel:  # one kernel: its facts are those of a few fields
+            fields = tuple(map(kernel.get, _KERNEL_FACT_FIELDS))  # (its numbers differ from cell to cell)
+            try:
+                facts = by_fields.get(fields)
+                if facts is None:
+                    facts = by_fields[fields] = _kernel_facts(c)
+            except TypeError:  # a field that is a list or an object
+                pass
         if facts is None:
-            facts = seen[(id(kernel), id(runs))] = _kernel_facts(c)
+            facts = seen.get((id(kernel), id(runs)))
+            if facts is None:
+                facts = seen[(id(kernel), id(runs))] = _kernel_facts(c)
         cell_failed, cell_emulated, cell_wheres, cell_how, cell_reasons = facts
         failed += cell_failed
         if cell_wheres is not None:  # verified runs
@@ -578,6 +598,10 @@ def _not_run_text(reasons: Sequence[str], notes: Notes) -> tuple[str, tuple[int,
 
 #: A not-run reason that says the kernel needs a GPU this host does not have.
 _NEEDS_GPU = re.compile(r"\bGPU\b.*\bthis host (has no GPU|has none|is cpu|is interpreter)|needs an? \w+ GPU")
+
+
+#: Every field of a kernel result that ``_kernel_facts`` (and ``verified_state``) reads.
+_KERNEL_FACT_FIELDS = ("status", "level", "where", "function", "reason")
 
 
 def _kernel_facts(cell: Mapping[str, Any]) -> tuple[bool, bool, tuple[str, ...] | None, tuple[str, ...], list[str]]:
@@ -645,11 +669,11 @@ class _Space:
     def values(self) -> dict[str, list[Any]]:
         """axis → the values it takes among the cells, for the axes that vary (computed when first needed)."""
         out = {}
-        keys = [self._key(c) for c in self.cells]
+        keys = self._keys_of(self.cells)
         for i, a in enumerate(self.model.axes):
             if a in self.skip:
                 continue
-            seen = {k[i] for k in keys}
+            seen = set(map(operator.itemgetter(i), keys))
             if len(seen) > 1:
                 out[a] = sorted(seen, key=lambda v, a=a: self.model.order[a].get(v, 1 << 30))
         return out
@@ -657,6 +681,15 @@ class _Space:
     def _key(self, cell: Mapping[str, Any]) -> tuple[Any, ...]:
         key = self._keys.get(id(cell))
         return key if key is not None else tuple(map((cell.get("coords") or {}).get, self.model.axes))
+
+    def _keys_of(self, cells: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+        """``_key`` of each cell (the model's keys, looked up in C, where every cell has one)."""
+        keys = list(map(self._keys.get, map(id, cells)))
+        return keys if None not in keys else [self._key(c) for c in cells]
+
+    def points(self, cells: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+        """``point`` of each cell."""
+        return list(map(self._pick, self._keys_of(cells)))
 
     @functools.cached_property
     def _keys(self) -> dict[int, tuple[Any, ...]]:
@@ -687,8 +720,8 @@ class _Space:
               ) -> list[dict[str, set[Any]]] | None:
         """Few clauses covering every target and no forbidden cell (None: no short description)."""
         n = len(self.axes)
-        t_points = [self.point(c) for c in targets]
-        f_points = [self.point(c) for c in forbidden]
+        t_points = self.points(targets)
+        f_points = self.points(forbidden)
         # Bit sets: for each axis and value, the targets / forbidden cells with that value.
         t_bits = [{v: 0 for v in self.values[a]} for a in self.axes]
         f_bits = [{v: 0 for v in self.values[a]} for a in self.axes]

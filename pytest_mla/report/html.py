@@ -41,7 +41,7 @@ from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .findings import Finding, repro_command
 from .markdown import FINDINGS_INTRO, VIEWS, render_command
-from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
+from .model import BODY_FIELDS, LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
 from .symbols import PARTIAL, SYMBOLS
 
 
@@ -195,16 +195,18 @@ def build_data(model: ReportModel) -> dict[str, Any]:
 
     cells = []
     states = model.states
+    finding_of = model.finding_of if model.findings else None
     for c in model.cells:
-        coords = c.get("coords") or {}
-        state = states[id(c)]
-        reason = c.get("reason")
-        finding = model.finding_of(c)
-        key = (state, c.get("verdict"), id(c.get("expectation")), id(c.get("outcome")),
-               reason if isinstance(reason, str) else id(reason), id(c.get("kernel")), id(c.get("kernel_runs")),
-               id(c.get("notes")), id(finding), c.get("id") if finding is not None else None)
+        # The identities of the values a body is made of (records share them: one C-level pass a
+        # cell); a cell of a finding has a body of its own (its repro command names it).
+        key = tuple(map(id, map(c.get, BODY_FIELDS)))
+        finding = finding_of(c) if finding_of is not None else None
+        if finding is not None:
+            key += (id(finding), c.get("id"))
         body = known.get(key)
         if body is None:
+            state = states[id(c)]
+            reason = c.get("reason")
             runs = c.get("kernel_runs")
             kernel = (text_of("runs", runs, _describe_runs) if runs
                       else text_of("kernel", c.get("kernel"), describe_kernel))
@@ -220,8 +222,11 @@ def build_data(model: ReportModel) -> dict[str, Any]:
                 bodies.append(list(texts_of_body))
             known[key] = body
         key = keys.get(id(c))
-        cells.append([*map(operator.getitem, orders, key), body] if key is not None else
-                     [o.get(coords.get(a), -1) for a, o in zip(axes, orders)] + [body])
+        if key is not None:
+            cells.append([*map(operator.getitem, orders, key), body])
+        else:
+            coords = c.get("coords") or {}
+            cells.append([o.get(coords.get(a), -1) for a, o in zip(axes, orders)] + [body])
     return {
         "axes": [{"name": a, "values": [str(v) for v in model.axes[a]],
                   "labels": [format_value(a, v) for v in model.axes[a]]} for a in axes],

@@ -159,6 +159,12 @@ def format_key(axes: Sequence[str], key: Sequence[Any], sep: str = " · ") -> st
     return sep.join(format_value(a, v) for a, v in zip(axes, key))
 
 
+#: The fields of a cell record that everything but its coordinates and names is made of: records
+#: whose values for them are the same objects (as records read from a file share them) have the
+#: same state, note and details.
+BODY_FIELDS = ("verdict", "expectation", "outcome", "reason", "kernel", "kernel_runs", "notes")
+
+
 class Notes:
     """Numbered notes, deduplicated by text, numbered in order of first reference.
 
@@ -297,11 +303,14 @@ class ReportModel:
         if cached is None or len(cached) != len(self.cells):
             made: dict[tuple[Any, ...], tuple[str, str | None]] = {}
             cached = {}
+            finding_of = self._finding_of if self.findings else None
             for c in self.cells:
-                reason = c.get("reason")
-                finding = self.finding_of(c)
-                key = (c.get("verdict"), id(c.get("outcome")), id(c.get("expectation")),
-                       reason if isinstance(reason, str) else id(reason), id(c.get("kernel")), id(finding))
+                # The identities of the values a state and its note read (records share them: one
+                # C-level pass a cell), and the cell's finding, if it has one.
+                key = tuple(map(id, map(c.get, BODY_FIELDS)))
+                finding = finding_of.get(id(c)) if finding_of else None
+                if finding is not None:
+                    key += (id(finding),)
                 sn = made.get(key)
                 if sn is None:
                     state = cell_state(c)
@@ -466,8 +475,15 @@ class ReportModel:
     def summarise(self, records: Sequence[Mapping[str, Any]], hidden: Sequence[str], notes: Notes) -> Summary:
         if not records:
             return Summary(MISSING, SYMBOLS[MISSING], 0, 0, [], [])
+        state_notes = self.state_notes
+        distinct = set(map(state_notes.get, map(id, records)))
+        if len(distinct) == 1 and None not in distinct:  # most table cells: one state, one note
+            ((state, text),) = distinct
+            refs = [notes.ref(text)] if text else []
+            total = len(records)
+            return Summary(state, SYMBOLS[state], total if state in ACCEPTED_STATES else 0, total, refs, records)
         parts: dict[tuple[str, str | None], list[tuple[Any, ...]]] = {}
-        state_notes, keys, hidden_of = self.state_notes, self.keys, self.picker(hidden)
+        keys, hidden_of = self.keys, self.picker(hidden)
         for r in records:
             sn = state_notes.get(id(r))
             if sn is None:  # a record of another document
