@@ -40,8 +40,9 @@ identity. Records from a ``Decoder`` are read-only: copy before changing.
 from __future__ import annotations
 
 import json
+import operator
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.cells import format_part
 
@@ -296,17 +297,21 @@ class Decoder:
         flats: list[tuple[int, tuple[str, ...]]] = []
         derived: list[tuple[str, str, str]] = []
         width = 0
+        where: list[tuple[str, int]] = []  # each key of the shape: ("slot", its slot) / ("flat" | "derived", which)
         for key in shape:
             if type(key) is str:
                 keys.append(key)
+                where.append(("slot", width))
                 width += 1
             elif (isinstance(key, list) and len(key) == 2 and type(key[0]) is str and isinstance(key[1], list)
                   and all(type(k) is str for k in key[1])):
                 keys.append(key[0])
+                where.append(("flat", len(flats)))
                 flats.append((width, tuple(key[1])))  # where its values start in the cell
                 width += len(key[1])
             elif (isinstance(key, dict) and type(key.get("derive")) is str and type(key.get("join")) is str
                   and type(key.get("prefix", "")) is str):
+                where.append(("derived", len(derived)))
                 derived.append((key["derive"], key["join"], key.get("prefix", "")))
             else:
                 raise CodecError(f"bad key in a cell's shape: {key!r}")
@@ -319,8 +324,11 @@ class Decoder:
                        if key == "coords"), None)
         if derived and coords is None:
             raise CodecError("a cell's shape derives a key but has no flat coords to derive it from")
-        plan = _Plan(tuple(keys), tuple(reversed(flats)), width,
-                     tuple((order.index(name), join, prefix) for name, join, prefix in derived), order, coords)
+        # Where each key's value is in a resolved line: its shape's slot, a value per slot, then the
+        # flat objects and the derived keys, appended in that order (``_Plan.record``).
+        at = {"slot": 1, "flat": 1 + width, "derived": 1 + width + len(flats)}
+        plan = _Plan(order, width, flats, coords, tuple((join, prefix) for _, join, prefix in derived),
+                     [at[kind] + i for kind, i in where])
         if type(ref) is int:
             self._plans[ref] = plan
         return plan
@@ -334,53 +342,52 @@ class Decoder:
             plan = self._plan(line[0])
         if len(line) != plan.width + 1:
             raise CodecError(f"a cell with {len(line) - 1} values for {plan.width} keys")
-        slots = line[1:]
-        resolved = None
-        if _INT.issuperset(map(type, slots)) and min(slots, default=0) >= 0:
-            try:  # the cells a run writes: references only, read at C speed
-                resolved = list(map(self.values.__getitem__, slots))
+        if _INT.issuperset(map(type, line)) and min(line) >= 0:
+            try:  # the cells a run writes: references only, read at C speed (its shape's too)
+                return plan.record(list(map(self.values.__getitem__, line)))
             except IndexError:
                 pass  # a reference to a value not defined yet: said below
-        if resolved is None:  # literals, inline containers (other writers), or a bad reference
-            resolved = [self.value(s) for s in slots]
-        parts = self._parts_of(plan, resolved) if plan.derived else None
-        for start, sub in plan.flats:  # the last first: folding one leaves the earlier starts in place
-            resolved[start:start + len(sub)] = (dict(zip(sub, resolved[start:start + len(sub)])),)
-        if parts is None:
-            return dict(zip(plan.keys, resolved))
-        for position, join, prefix in plan.derived:  # in order: each goes where the shape has it
-            resolved.insert(position, prefix + join.join(parts))
-        return dict(zip(plan.order, resolved))
-
-    def _parts_of(self, plan: "_Plan", resolved: list[Any]) -> list[str]:
-        """The cell-id parts of a cell's coordinates, from its flat values (before folding)."""
-        if plan.coords is None:
-            raise CodecError("a derived key, but no flat coordinates to derive it from")
-        start, axes, tables = plan.coords
-        values = resolved[start:start + len(axes)]
-        try:
-            return list(map(dict.__getitem__, tables, values))
-        except KeyError:
-            for axis, value, table in zip(axes, values, tables):
-                if value not in table:
-                    table[value] = format_part(axis, value)
-            return list(map(dict.__getitem__, tables, values))
-        except TypeError:
-            raise CodecError(f"coordinates that cannot make a cell id: {values!r}") from None
+        # literals, inline containers (other writers), or a bad reference
+        return plan.record([None] + [self.value(s) for s in line[1:]])
 
 
 class _Plan:
-    """How a shape's cells read: keys with a slot (flat objects as one), where flat objects start
-    (last first), how many slots, the derived keys (where they go, join, prefix), the record's key
-    order, and its flat coordinates."""
+    """How a shape's cells read: ``record`` makes a record of a cell's resolved line (its shape's
+    slot, then one value per slot) by appending the flat objects and the derived keys to it and
+    picking the record's values from it in the shape's key order."""
 
-    __slots__ = ("keys", "flats", "width", "derived", "order", "coords")
+    __slots__ = ("width", "flats", "coords", "derived", "pick", "order")
 
-    def __init__(self, keys: tuple[str, ...], flats: tuple[tuple[int, tuple[str, ...]], ...], width: int,
-                 derived: tuple[tuple[int, str, str], ...], order: tuple[str, ...],
-                 coords: tuple[int, tuple[str, ...], tuple[dict[Any, str], ...]] | None) -> None:
-        self.keys, self.flats, self.width, self.derived, self.order = keys, flats, width, derived, order
-        self.coords = coords  # where the flat coordinates start, their axes, each axis's value → part
+    def __init__(self, order: tuple[str, ...], width: int, flats: Sequence[tuple[int, tuple[str, ...]]],
+                 coords: tuple[int, tuple[str, ...], tuple[dict[Any, str], ...]] | None,
+                 derived: tuple[tuple[str, str], ...], positions: Sequence[int]) -> None:
+        self.order, self.width, self.derived = order, width, derived
+        self.flats = tuple((1 + start, 1 + start + len(sub), sub) for start, sub in flats)
+        #: where the flat coordinates start and end in a resolved line, their axes, each axis's value → its part
+        self.coords = (1 + coords[0], 1 + coords[0] + len(coords[1]), coords[1], coords[2]) if coords else None
+        if len(positions) > 1:
+            self.pick = operator.itemgetter(*positions)
+        else:  # itemgetter of one position gives the value itself, not a tuple
+            self.pick = lambda resolved, at=tuple(positions): tuple(resolved[i] for i in at)
+
+    def record(self, resolved: list[Any]) -> dict[str, Any]:
+        for start, end, sub in self.flats:
+            resolved.append(dict(zip(sub, resolved[start:end])))
+        if self.derived:
+            start, end, axes, tables = self.coords  # type: ignore[misc]  # a shape that derives has them
+            values = resolved[start:end]
+            try:
+                parts = list(map(dict.__getitem__, tables, values))
+            except KeyError:
+                for axis, value, table in zip(axes, values, tables):
+                    if value not in table:
+                        table[value] = format_part(axis, value)
+                parts = list(map(dict.__getitem__, tables, values))
+            except TypeError:
+                raise CodecError(f"coordinates that cannot make a cell id: {values!r}") from None
+            for join, prefix in self.derived:
+                resolved.append(prefix + join.join(parts))
+        return dict(zip(self.order, self.pick(resolved)))
 
 
 _INF = float("inf")

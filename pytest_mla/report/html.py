@@ -33,7 +33,8 @@ import json
 import operator
 import re
 from importlib import resources
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..core.records import kernel_of
 from ..core.text import visible

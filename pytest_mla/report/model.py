@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections import Counter
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..core.cells import AXES, format_part
 from ..core.models import BUILTIN_MODELS
@@ -472,6 +473,28 @@ class ReportModel:
         return out, t_axes, r_axes, c_axes, hidden
 
     # -- summaries -------------------------------------------------------------------
+    def ranker(self, axes: Sequence[str]) -> Callable[[tuple[Any, ...]], tuple[int, ...]]:
+        """``sort_key(axes)``, remembered per coordinate tuple (table cells repeat the same few)."""
+        made = self.cache.setdefault(("ranks", tuple(axes)), {})
+        sort_key = self.sort_key(axes)
+
+        def rank(key: tuple[Any, ...]) -> tuple[int, ...]:
+            found = made.get(key)
+            if found is None:
+                found = made[key] = sort_key(key)
+            return found
+        return rank
+
+    def describe_coords(self, hidden: Sequence[str], tuples: Iterable[tuple[Any, ...]],
+                        universe: frozenset[tuple[Any, ...]]) -> str:
+        """``describe_coords`` with this model's order, made once per distinct set of coordinates."""
+        memo = self.cache.setdefault("describe_coords", {})
+        key = (tuple(hidden), frozenset(tuples), universe)
+        text = memo.get(key)
+        if text is None:
+            text = memo[key] = describe_coords(hidden, key[1], universe, self.order)
+        return text
+
     def summarise(self, records: Sequence[Mapping[str, Any]], hidden: Sequence[str], notes: Notes) -> Summary:
         if not records:
             return Summary(MISSING, SYMBOLS[MISSING], 0, 0, [], [])
@@ -484,27 +507,34 @@ class ReportModel:
             return Summary(state, SYMBOLS[state], total if state in ACCEPTED_STATES else 0, total, refs, records)
         parts: dict[tuple[str, str | None], list[tuple[Any, ...]]] = {}
         keys, hidden_of = self.keys, self.picker(hidden)
-        for r in records:
-            sn = state_notes.get(id(r))
-            if sn is None:  # a record of another document
-                state = cell_state(r)
-                sn = (state, state_note(r, state, self.finding_of(r)))
-            key = keys.get(id(r))
-            point = hidden_of(key) if key is not None else tuple(map((r.get("coords") or {}).get, hidden))
+        ids = list(map(id, records))
+        sns = list(map(state_notes.get, ids))
+        points = list(map(keys.get, ids))
+        if None in sns or None in points:  # records of another document
+            for i, r in enumerate(records):
+                if sns[i] is None:
+                    state = cell_state(r)
+                    sns[i] = (state, state_note(r, state, self.finding_of(r)))
+                key = points[i]
+                points[i] = hidden_of(key) if key is not None else tuple(map((r.get("coords") or {}).get, hidden))
+        else:
+            points = list(map(hidden_of, points))
+        for sn, point in zip(sns, points):
             parts.setdefault(sn, []).append(point)
         total = len(records)
         if len(parts) == 1:  # most table cells: one state, one note
             ((state, text),) = parts
             refs = [notes.ref(text)] if text else []
             return Summary(state, SYMBOLS[state], total if state in ACCEPTED_STATES else 0, total, refs, records)
-        universe = [t for ts in parts.values() for t in ts]
+        universe = frozenset(t for ts in parts.values() for t in ts)
+        rank = self.ranker(hidden)
         states: Counter = Counter()
         for (state, _), ts in parts.items():
             states[state] += len(ts)
         accepted = sum(states[s] for s in ACCEPTED_STATES)
 
         def entry(state: str, text: str | None, ts: list[tuple[Any, ...]]) -> str:
-            where = describe_coords(hidden, ts, universe, self.order)
+            where = self.describe_coords(hidden, ts, universe)
             if text and state in (XFAIL, SKIPPED):  # the note's text starts with its label (xfail, xpass, skipped)
                 return f"{where}: {SYMBOLS[state]} {text}"
             label = f"{SYMBOLS[state]} {state}"
@@ -513,7 +543,7 @@ class ReportModel:
 
         def parts_where(pred: Callable[[str], bool]) -> list[str]:
             chosen = [(k, ts) for k, ts in parts.items() if pred(k[0])]
-            chosen.sort(key=lambda kt: (STATES.index(kt[0][0]), min(self.sort_key(hidden)(t) for t in kt[1])))
+            chosen.sort(key=lambda kt: (STATES.index(kt[0][0]), min(map(rank, kt[1]))))
             return [entry(s, text, ts) for (s, text), ts in chosen]
 
         if states[BAD]:
