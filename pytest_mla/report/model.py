@@ -526,7 +526,7 @@ class ReportModel:
             ((state, text),) = parts
             refs = [notes.ref(text)] if text else []
             return Summary(state, SYMBOLS[state], total if state in ACCEPTED_STATES else 0, total, refs, records)
-        universe = frozenset(t for ts in parts.values() for t in ts)
+        universe = frozenset(points)
         rank = self.ranker(hidden)
         states: Counter = Counter()
         for (state, _), ts in parts.items():
