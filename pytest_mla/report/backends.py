@@ -222,7 +222,8 @@ def _build_backends_view(model: ReportModel) -> BackendsView:
         refused = [_refused(model, b, by_backend[b], plain, notes) for b in backends if b not in served]
         if rows or refused:
             families.append(Family(mla, tuple(models), tuple(rows), tuple(refused)))
-    stops = any(is_construction_stop(str(n)) for c in model.feature_cells for n in c.get("notes") or ())
+    notes_values = {id(n): n for n in map(operator.methodcaller("get", "notes"), model.feature_cells) if n}
+    stops = any(is_construction_stop(str(n)) for notes_value in notes_values.values() for n in notes_value)
     return BackendsView(columns, families, build_probe_answers(model), notes, plain, stops)
 
 

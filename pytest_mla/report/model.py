@@ -252,6 +252,7 @@ class ReportModel:
         self.document = document
         self.run: Mapping[str, Any] = document.get("run") or {}
         self.cells: list[Mapping[str, Any]] = list(document.get("cells") or [])
+        self._coord_tuples: tuple[tuple[str, ...], list[tuple[Any, ...]]] | None = None
         self.axes: dict[str, list[Any]] = self._axes()
         self.order: dict[str, dict[Any, int]] = {a: {v: i for i, v in enumerate(vals)}
                                                  for a, vals in self.axes.items()}
@@ -343,12 +344,24 @@ class ReportModel:
         cached = self.cache.get("keys")
         if cached is None or len(cached) != len(self.cells):
             axes = list(self.axes)
-            cached = self.cache["keys"] = {id(c): tuple(map((c.get("coords") or {}).get, axes)) for c in self.cells}
+            names, tuples = self._coord_tuples or ((), [])
+            if len(tuples) == len(self.cells) and set(names) == set(axes):  # made by ``_axes``: reordered
+                if list(names) != axes:
+                    tuples = list(map(self.picker_of(names, axes), tuples))
+                cached = self.cache["keys"] = dict(zip(map(id, self.cells), tuples))
+            else:
+                cached = self.cache["keys"] = {id(c): tuple(map((c.get("coords") or {}).get, axes))
+                                               for c in self.cells}
         return cached
 
     def picker(self, axes: Sequence[str]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
         """A function from a record's ``keys`` entry to its coordinates on ``axes``."""
-        index = list(self.axes)
+        return self.picker_of(list(self.axes), axes)
+
+    @staticmethod
+    def picker_of(index: Sequence[str], axes: Sequence[str]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+        """A function from coordinates on ``index`` to coordinates on ``axes``."""
+        index = list(index)
         positions = [index.index(a) for a in axes]
         if len(positions) == 1:
             (only,) = positions
@@ -409,13 +422,14 @@ class ReportModel:
                 kernel = c.get("kernel")
                 if not kernel:
                     continue
+                case = kernel.get("case")  # most kernels have none: nothing more to look at
+                if not isinstance(case, dict) or not isinstance(case.get("mla"), bool):
+                    continue
                 name = (c.get("coords") or {}).get("model")
                 if (id(kernel), name) in seen:
                     continue
                 seen.add((id(kernel), name))
-                case = kernel_of(c).get("case")
-                if isinstance(case, dict) and isinstance(case.get("mla"), bool):
-                    self._case_mla.setdefault(name, case["mla"])
+                self._case_mla.setdefault(name, case["mla"])
         return self._case_mla.get(model)
 
     def _axes(self) -> dict[str, list[Any]]:
@@ -426,9 +440,18 @@ class ReportModel:
         later = set().union(*coords) - set(names)
         for cs in coords if later else ():  # axes only later cells have, in order of first appearance
             names += [a for a in cs if a in later and a not in names]
+        if names and not later and all(map(len(names).__eq__, map(len, coords))):
+            # Every cell has every axis (a run's cells): their coordinates as tuples, in one C-level
+            # pass, kept for ``keys``.
+            pick = operator.itemgetter(*names)
+            tuples = list(map(pick, coords)) if len(names) > 1 else [(v,) for v in map(pick, coords)]
+            self._coord_tuples = (tuple(names), tuples)
+            seen = {a: map(operator.itemgetter(i), tuples) for i, a in enumerate(names)}
+        else:
+            seen = {a: (cs[a] for cs in coords if a in cs) for a in names}
         for a in names:
             known = set(axes.get(a, ()))  # values in the cells the run did not declare, in first-seen order
-            new = [v for v in dict.fromkeys(cs[a] for cs in coords if a in cs) if v not in known]
+            new = [v for v in dict.fromkeys(seen[a]) if v not in known]
             if new or a not in axes:
                 axes.setdefault(a, []).extend(new)
         ordered = {a: axes[a] for a in AXES if a in axes}
