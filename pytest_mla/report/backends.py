@@ -410,19 +410,22 @@ def _entry(model: ReportModel, cells: list[Mapping[str, Any]], column: Column, t
     else:  # an arch column: every cell counts
         counted = cells
     space = _Space(model, counted)
-    states = [all_states[id(c)] for c in counted]
-    bugs = [c for c, s in zip(counted, states) if s in (BAD, XFAIL)]
+    states = list(map(all_states.__getitem__, map(id, counted)))
+    kinds = set(states)
+    bugs: list[Mapping[str, Any]] = []
+    ok: list[Mapping[str, Any]] = []
+    refused: list[Mapping[str, Any]] = []
+    na: list[Mapping[str, Any]] = []
+    bucket = {BAD: bugs, XFAIL: bugs, VERIFIED: ok, EMULATED: ok, ACCEPTED: ok, REJECTED: refused, SKIPPED: na}
+    for c, s in zip(counted, states):  # each list in the cells' order
+        bucket[s].append(c)
     if bugs:  # a failure outranks a known bug; the notes say which cell is which
-        worst = BAD if any(all_states[id(c)] == BAD for c in bugs) else XFAIL
+        worst = BAD if BAD in kinds else XFAIL
         return Entry(worst, tuple(_grouped_notes(space, bugs, counted, lambda c: _bug_text(c, model), notes)))
-    ok = [c for c, s in zip(counted, states) if s in (VERIFIED, EMULATED, ACCEPTED)]
-    refused = [c for c, s in zip(counted, states) if s == REJECTED]
-    na = [c for c, s in zip(counted, states) if s == SKIPPED]
     refs: list[int] = []
     if not ok and not refused:
         return Entry(SKIPPED, tuple(_grouped_notes(space, na, counted, _na_text, notes)))
     if ok and not refused:  # the strongest promise any counted cell keeps: a real kernel, then emulated ones
-        kinds = {all_states[id(c)] for c in ok}
         state = VERIFIED if VERIFIED in kinds else EMULATED if EMULATED in kinds else ACCEPTED
     elif refused and not ok:
         state = REJECTED
