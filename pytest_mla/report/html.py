@@ -42,7 +42,7 @@ from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .findings import Finding, repro_command
 from .markdown import FINDINGS_INTRO, VIEWS, render_command
-from .model import BODY_FIELDS, LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
+from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
 from .symbols import PARTIAL, SYMBOLS
 
 
@@ -185,7 +185,6 @@ def build_data(model: ReportModel) -> dict[str, Any]:
     texts: dict[tuple[str, int], int] = {}
     bodies: list[list[int]] = []
     body_index: dict[tuple[int, ...], int] = {}  # a body's texts → its index: equal bodies are one
-    known: dict[tuple[Any, ...], int] = {}  # the identities of a record's values → its body's index
 
     def text_of(kind: str, value: Any, make: Callable[[Any], str]) -> int:
         key = (kind, id(value))
@@ -194,35 +193,30 @@ def build_data(model: ReportModel) -> dict[str, Any]:
             found = texts[key] = s(make(value))
         return found
 
-    cells = []
     states = model.states
-    finding_of = model.finding_of if model.findings else None
-    for c in model.cells:
-        # The identities of the values a body is made of (records share them: one C-level pass a
-        # cell); a cell of a finding has a body of its own (its repro command names it).
-        key = tuple(map(id, map(c.get, BODY_FIELDS)))
-        finding = finding_of(c) if finding_of is not None else None
-        if finding is not None:
-            key += (id(finding), c.get("id"))
-        body = known.get(key)
+    signature_bodies = []  # a body per signature (``ReportModel.signatures``): what its records show
+    for c in model.signature_records:
+        state = states[id(c)]
+        finding = model.finding_of(c)
+        reason = c.get("reason")
+        runs = c.get("kernel_runs")
+        kernel = (text_of("runs", runs, _describe_runs) if runs
+                  else text_of("kernel", c.get("kernel"), describe_kernel))
+        texts_of_body = (state_index[state], s(c.get("verdict")),
+                         text_of("expect", c.get("expectation"), describe_expectation),
+                         text_of("outcome", c.get("outcome"), describe_outcome), s(reason), kernel,
+                         text_of("notes", c.get("notes"), _notes_text), s(one_line(_short(c, state))),
+                         text_of("finding", finding, describe_finding),
+                         s(repro_command(str(c.get("id"))) if finding is not None else ""))
+        body = body_index.get(texts_of_body)
         if body is None:
-            state = states[id(c)]
-            reason = c.get("reason")
-            runs = c.get("kernel_runs")
-            kernel = (text_of("runs", runs, _describe_runs) if runs
-                      else text_of("kernel", c.get("kernel"), describe_kernel))
-            texts_of_body = (state_index[state], s(c.get("verdict")),
-                             text_of("expect", c.get("expectation"), describe_expectation),
-                             text_of("outcome", c.get("outcome"), describe_outcome), s(reason), kernel,
-                             text_of("notes", c.get("notes"), _notes_text), s(one_line(_short(c, state))),
-                             text_of("finding", finding, describe_finding),
-                             s(repro_command(str(c.get("id"))) if finding is not None else ""))
-            body = body_index.get(texts_of_body)
-            if body is None:
-                body = body_index[texts_of_body] = len(bodies)
-                bodies.append(list(texts_of_body))
-            known[key] = body
-        key = keys.get(id(c))
+            body = body_index[texts_of_body] = len(bodies)
+            bodies.append(list(texts_of_body))
+        signature_bodies.append(body)
+    cells = []
+    ids = list(map(id, model.cells))
+    for c, body, key in zip(model.cells, map(signature_bodies.__getitem__, map(model.signatures.__getitem__, ids)),
+                            map(keys.get, ids)):
         if key is not None:
             cells.append([*map(operator.getitem, orders, key), body])
         else:

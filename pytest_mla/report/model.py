@@ -16,6 +16,7 @@ accepted only in part).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -294,31 +295,57 @@ class ReportModel:
     def states(self) -> dict[int, str]:
         """``id(record)`` → ``cell_state(record)`` for every cell, computed once."""
         if len(self._states) != len(self.cells):
-            self._states = {i: sn[0] for i, sn in self.state_notes.items()}
+            state_notes = self.state_notes
+            per_signature = [state_notes[id(c)][0] for c in self.signature_records]
+            self._states = dict(zip(self.signatures, map(per_signature.__getitem__, self.signatures.values())))
         return self._states
+
+    @property
+    def signatures(self) -> dict[int, int]:
+        """``id(record)`` → the index of its *signature* in ``signature_records``: records of one
+        signature have the same values (the same objects) for ``BODY_FIELDS`` and the same finding,
+        so the same state, note and details. A cell of a finding has a signature of its own (its
+        details name it). Records read from a file share their values: a million cells have a few
+        hundred thousand signatures at most, and one C-level pass a cell finds them."""
+        cached = self.cache.get("signatures")
+        if cached is None or len(cached) != len(self.cells):
+            index: dict[tuple[Any, ...], int] = {}
+            records: list[Mapping[str, Any]] = []
+            cached = {}
+            finding_of = self._finding_of if self.findings else None
+            for c in self.cells:
+                key = tuple(map(id, map(c.get, BODY_FIELDS)))
+                if finding_of and id(c) in finding_of:
+                    key += (id(c),)
+                sig = index.get(key)
+                if sig is None:
+                    sig = index[key] = len(records)
+                    records.append(c)
+                cached[id(c)] = sig
+            self.cache["signatures"] = cached
+            self.cache["signature_records"] = records
+        return cached
+
+    @property
+    def signature_records(self) -> list[Mapping[str, Any]]:
+        """The first record of each signature (``signatures``)."""
+        self.signatures
+        return self.cache["signature_records"]
 
     @property
     def state_notes(self) -> dict[int, tuple[str, str | None]]:
         """``id(record)`` → ``(cell_state(record), state_note(record, state))`` for every cell,
-        made once per distinct set of the values they read."""
+        made once per signature (``signatures``)."""
         cached = self.cache.get("state_notes")
         if cached is None or len(cached) != len(self.cells):
-            made: dict[tuple[Any, ...], tuple[str, str | None]] = {}
-            cached = {}
-            finding_of = self._finding_of if self.findings else None
-            for c in self.cells:
-                # The identities of the values a state and its note read (records share them: one
-                # C-level pass a cell), and the cell's finding, if it has one.
-                key = tuple(map(id, map(c.get, BODY_FIELDS)))
-                finding = finding_of.get(id(c)) if finding_of else None
-                if finding is not None:
-                    key += (id(finding),)
-                sn = made.get(key)
-                if sn is None:
-                    state = cell_state(c)
-                    sn = made[key] = (state, state_note(c, state, finding))
-                cached[id(c)] = sn
-            self.cache["state_notes"] = cached
+            made: dict[tuple[Any, ...], tuple[str, str | None]] = {}  # equal ones are one tuple
+            per_signature = []
+            for c in self.signature_records:
+                state = cell_state(c)
+                sn = (state, state_note(c, state, self.finding_of(c)))
+                per_signature.append(made.setdefault(sn, sn))
+            cached = self.cache["state_notes"] = dict(zip(self.signatures, map(per_signature.__getitem__,
+                                                                                self.signatures.values())))
         return cached
 
     @property
@@ -326,16 +353,10 @@ class ReportModel:
         """``id(record)`` of every record whose engine accepted its configuration (``outcome.kind``)."""
         cached = self.cache.get("accepted_ids")
         if cached is None:
-            kinds: dict[int, bool] = {}  # id(outcome) → accepted
-            cached = set()
-            for c in self.cells:
-                outcome = c.get("outcome")
-                accepted = kinds.get(id(outcome))
-                if accepted is None:
-                    accepted = kinds[id(outcome)] = isinstance(outcome, Mapping) and outcome.get("kind") == ACCEPTED
-                if accepted:
-                    cached.add(id(c))
-            self.cache["accepted_ids"] = cached
+            per_signature = [isinstance(outcome, Mapping) and outcome.get("kind") == ACCEPTED
+                             for outcome in map(operator.methodcaller("get", "outcome"), self.signature_records)]
+            cached = self.cache["accepted_ids"] = set(itertools.compress(
+                self.signatures, map(per_signature.__getitem__, self.signatures.values())))
         return cached
 
     @property
