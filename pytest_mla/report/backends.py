@@ -52,6 +52,7 @@ Pure Python, no I/O; ``markdown.py`` and ``html.py`` render the result.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -333,17 +334,21 @@ class _Twins:
         return key[:i] + (plain[axis],) + key[i + 1:] in self.accepted
 
 
+_ACCEPTED_STATES = frozenset({VERIFIED, EMULATED, ACCEPTED})
+
+
 def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
          plain: Mapping[str, Any], notes: Notes) -> Row:
     twins = _Twins(model, cells)
     states = model.states
-    accepted = [c for c in cells if states[id(c)] in (VERIFIED, EMULATED, ACCEPTED)]
+    accepted = list(itertools.compress(cells, map(_ACCEPTED_STATES.__contains__,
+                                                   map(states.__getitem__, map(id, cells)))))
     row_refs = tuple(_engine_note_refs(model, accepted, notes))  # numbered first: the name comes first
     # Columns select by a few axes: test each distinct combination of them once, then sort
     # the cells into their columns in one pass (a cell is in one to three columns).
     present = [a for a in _SELECT_AXES if a in twins.index]
     pick = operator.itemgetter(*[twins.index[a] for a in present]) if present else (lambda key: ())
-    keys = [pick(twins.keys[id(c)]) for c in cells]
+    keys = list(map(pick, map(twins.keys.__getitem__, map(id, cells))))
     if len(present) == 1:
         keys = [(k,) for k in keys]
     members: dict[tuple[Any, ...], list[int]] = {}
@@ -539,16 +544,21 @@ def _verified_on(model: ReportModel, cells: Sequence[Mapping[str, Any]], notes: 
     ``· 4 with emulated kernels`` where the engine's code ran around emulated ones; ``not run here:
     needs a GPU`` where none ran (never "0 of 72", which reads like 72 failures)."""
     accepted_ids = model.accepted_ids
-    accepted = [c for c in cells if id(c) in accepted_ids]
+    accepted = list(itertools.compress(cells, map(accepted_ids.__contains__, map(id, cells))))
     if not accepted:
         return "—", ()
+    # Records of one signature have the same kernel values: count them per signature (in C), in the
+    # order their first record comes (the order the texts below list what they found first).
+    signatures, records = model.signatures, model.signature_records
+    per_signature = collections.Counter(map(signatures.__getitem__, map(id, accepted)))
     wheres: list[str] = []
     how: list[str] = []
     verified = emulated = failed = 0
     reasons: list[str] = []
     seen = model.cache.setdefault("kernel_facts", {})  # the identity of a record's kernel values → facts
     by_fields = model.cache.setdefault("kernel_facts_by_fields", {})  # _KERNEL_FACT_FIELDS of one kernel → facts
-    for c in accepted:
+    for signature, count in per_signature.items():
+        c = records[signature]
         kernel, runs = c.get("kernel"), c.get("kernel_runs")
         facts = None
         if not runs and type(kernel) is dict and kernel:  # one kernel: its facts are those of a few fields
@@ -564,12 +574,12 @@ def _verified_on(model: ReportModel, cells: Sequence[Mapping[str, Any]], notes: 
             if facts is None:
                 facts = seen[(id(kernel), id(runs))] = _kernel_facts(c)
         cell_failed, cell_emulated, cell_wheres, cell_how, cell_reasons = facts
-        failed += cell_failed
+        failed += cell_failed * count
         if cell_wheres is not None:  # verified runs
             if cell_emulated:
-                emulated += 1
+                emulated += count
             else:
-                verified += 1
+                verified += count
             wheres += cell_wheres
             how += cell_how
         else:
