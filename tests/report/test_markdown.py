@@ -12,7 +12,7 @@ from pytest_mla.report.markdown import md_text, render_markdown
 from pytest_mla.report.model import Notes, ReportModel, cell_state
 from pytest_mla.report.terminal import render_terminal
 
-from .helpers import MSG_ARCH, MSG_DCP, find, make_document, record
+from .helpers import MSG_ARCH, MSG_DCP, find, make_document, record, verified
 
 
 def test_banner_legend_and_one_table_per_model():
@@ -162,3 +162,25 @@ def test_one_markdown_file_never_gives_two_notes_one_number():
     first_grid_note = int(lines[lists[1] + 2].split(".", 1)[0])
     cited = {int(n) for n in re.findall(r"\[(\d+)\]", grid.split("### Notes")[0])}
     assert cited and min(cited) >= first_grid_note  # the grid cites its own notes only
+
+
+def test_records_sharing_their_kernel_value_keep_their_own_kernel_runs():
+    """A merged file's records share equal values (one object each); two cells with the same
+    ``kernel`` and outcome but different ``kernel_runs`` (one host ran the real kernel, the other
+    only emulations) keep their own states in every view."""
+    shared_kernel = {**verified("sm90"), "level": "emulated"}
+    emulated_run = {**shared_kernel, "host": "sm90 (a)"}
+    real_run = {**verified("sm100"), "host": "sm100 (b)"}
+    a, b = Cell("deepseek-v3", "triton", 1, "none", "sm90"), Cell("deepseek-v3", "triton", 1, "none", "sm100")
+    first, second = record(a, kernel=shared_kernel), record(b, kernel=shared_kernel)
+    second["outcome"], second["expectation"] = first["outcome"], first["expectation"]
+    first["kernel_runs"] = [emulated_run, emulated_run]
+    second["kernel_runs"] = [emulated_run, real_run]
+    doc = {"schema": "pytest-mla/result", "schema_version": 2, "cells": [first, second],
+           "run": {"matrix": "t", "axes": {"model": ["deepseek-v3"], "backend": ["triton"], "dcp": [1],
+                                            "spec": ["none"], "arch": ["sm90", "sm100"]}}}
+    model = ReportModel(doc)
+    assert [model.state(first), model.state(second)] == ["emulated", "verified"]
+    grid = render_markdown(doc, view="grid", model=model)
+    row = [line for line in grid.splitlines() if line.startswith("| triton")][0]
+    assert [part.strip() for part in row.split("|")[2:4]] == ["🧪", "✅"], row
