@@ -300,6 +300,24 @@ def _columns(model: ReportModel, plain: Mapping[str, Any]) -> list[Column]:
     return columns
 
 
+class _RowTables:
+    """A ``ReportModel`` whose per-record tables (``keys``, ``states``, ``accepted_ids``,
+    ``signatures``) hold one row's cells only: a row looks each cell up about ten times, and a table
+    of a row's cells stays in the processor's cache where the document's million entries do not
+    (a lookup there costs several times as much). Everything else is the model's."""
+
+    def __init__(self, model: ReportModel, cells: Sequence[Mapping[str, Any]]) -> None:
+        self._model = model
+        ids = list(map(id, cells))
+        self.keys = dict(zip(ids, map(model.keys.__getitem__, ids)))
+        self.states = dict(zip(ids, map(model.states.__getitem__, ids)))
+        self.signatures = dict(zip(ids, map(model.signatures.__getitem__, ids)))
+        self.accepted_ids = set(itertools.compress(ids, map(model.accepted_ids.__contains__, ids)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
 class _Twins:
     """Which configurations of one row the engine accepted, for the plain-twin lookups."""
 
@@ -339,6 +357,7 @@ _ACCEPTED_STATES = frozenset({VERIFIED, EMULATED, ACCEPTED})
 
 def _row(model: ReportModel, backend: Any, cells: list[Mapping[str, Any]], columns: Sequence[Column],
          plain: Mapping[str, Any], notes: Notes) -> Row:
+    model = _RowTables(model, cells)  # type: ignore[assignment]  # the model, its tables cut to the row
     twins = _Twins(model, cells)
     states = model.states
     accepted = list(itertools.compress(cells, map(_ACCEPTED_STATES.__contains__,
