@@ -82,9 +82,9 @@ CASES = {
     # on sm100 SGLang's DCP exchange is --dcp-comm-backend fi_a2a (FlashInfer's DCP all-to-all, emulated)
     "v2lite-flashinfer-dcp4-sm100": ("deepseek-v2-lite", "none", 4, "auto", "flashinfer", 1, "sm100"),
     "v3-flashinfer-dcp4-sm100": ("deepseek-v3", "none", 4, "auto", "flashinfer", 1, "sm100"),
-    # trtllm_mha (GQA): XQA on sm90, trtllm-gen on sm100 (FlashInfer's trtllm_batch_decode_with_kv_cache)
     # fa4 (FlashAttention-4's CuTe interface, emulated): MLA decode through the qv path on sm100
     "v2lite-decode-fa4-sm100": ("deepseek-v2-lite", "none", 1, "auto", "fa4", 1, "sm100"),
+    # trtllm_mha (GQA): XQA on sm90, trtllm-gen on sm100 (FlashInfer's trtllm_batch_decode_with_kv_cache)
     "llama-decode-trtllm-mha-sm90": ("llama-3.1-8b", "none", 1, "auto", "trtllm_mha", 64, "sm90"),
     "llama-chain-trtllm-mha-sm90": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "trtllm_mha", 64, "sm90"),
     "llama-decode-trtllm-mha-sm100": ("llama-3.1-8b", "none", 1, "auto", "trtllm_mha", 64, "sm100"),

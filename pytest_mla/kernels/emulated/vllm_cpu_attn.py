@@ -219,6 +219,17 @@ def _metadata(tensor: torch.Tensor) -> dict:
             "seq_lens": body[n + 1: 2 * n + 1]}
 
 
+def _fp8_cache(kv_cache_dtype, key_cache, value_cache, k_scale, v_scale):
+    """The cache's fp8 kind (None: not fp8), with the ops' own FP8 checks (``RuntimeError``, as they raise)."""
+    fp8 = _fp8_kind(kv_cache_dtype)
+    if fp8:
+        if key_cache.dtype != torch.uint8 or value_cache.dtype != torch.uint8:
+            raise RuntimeError("key_cache must be uint8 for FP8 path")
+        if not (k_scale > 0 and v_scale > 0):
+            raise RuntimeError("k_scale must be positive for FP8 path")
+    return fp8
+
+
 def cpu_attn_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, slot_mapping: torch.Tensor, isa: str, k_scale: float = 1.0,
                                v_scale: float = 1.0, kv_cache_dtype: str = "auto") -> None:
@@ -226,12 +237,7 @@ def cpu_attn_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache
     if key.dim() != 3 or value.dim() != 3 or key.stride(2) != 1 or value.stride(2) != 1:
         raise RuntimeError("cpu_attn_reshape_and_cache: key / value must be [tokens, heads, head_size], last dim "
                            "contiguous")
-    fp8 = _fp8_kind(kv_cache_dtype)
-    if fp8:
-        if key_cache.dtype != torch.uint8 or value_cache.dtype != torch.uint8:
-            raise RuntimeError("key_cache must be uint8 for FP8 path")
-        if not (k_scale > 0 and v_scale > 0):
-            raise RuntimeError("k_scale must be positive for FP8 path")
+    fp8 = _fp8_cache(kv_cache_dtype, key_cache, value_cache, k_scale, v_scale)
     _check_isa(isa)
     check_dtype("key", key, _DTYPES)
     if not fp8 and (key_cache.dtype != key.dtype or value_cache.dtype != key.dtype or value.dtype != key.dtype):
@@ -277,12 +283,7 @@ def cpu_attention_with_kv_cache(query: torch.Tensor, key_cache: torch.Tensor, va
                           ("sliding_window", int(sliding_window) != -1), ("softcap", float(softcap) != 0.0)):
         if present:
             raise OutOfContractError(flag, "is not modelled")
-    fp8 = _fp8_kind(kv_cache_dtype)
-    if fp8:
-        if key_cache.dtype != torch.uint8 or value_cache.dtype != torch.uint8:
-            raise RuntimeError("key_cache must be uint8 for FP8 path")
-        if not (k_scale > 0 and v_scale > 0):
-            raise RuntimeError("k_scale must be positive for FP8 path")
+    fp8 = _fp8_cache(kv_cache_dtype, key_cache, value_cache, k_scale, v_scale)
     for flag, tensor in (("query", query), ("key_cache", key_cache), ("output", output)):
         if tensor.device.type != "cpu":
             raise OutOfContractError(flag, f"on {tensor.device}: a CPU kernel")
