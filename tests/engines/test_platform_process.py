@@ -126,3 +126,17 @@ def test_configure_still_answers_through_the_same_child(child):
     # the stand-in adapter has no configure(): the child's AttributeError comes back as itself
     with pytest.raises(AttributeError, match="configure"):
         child.configure(Cell.from_id("mla-tiny/fake/dcp1/none/gfx942"), None)
+
+
+def test_an_empty_log_is_removed_when_the_process_closes_and_a_log_with_text_is_kept(child, tmp_path):
+    assert _run(child, "exact")["status"] == "verified"
+    log = child._log
+    assert os.path.exists(log) and os.path.getsize(log) == 0  # the child wrote nothing to stderr
+    child.close()
+    assert not os.path.exists(log)
+    record = _run(child, "dies")  # a fresh child that dies: what it wrote stays for the message's reader
+    assert record["crashed"] and child._log in record["message"]
+    with open(child._log, "ab") as log_file:  # (as a dying child's traceback would be)
+        log_file.write(b"Traceback\n")
+    child.close()
+    assert os.path.exists(child._log)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import importlib
 import os
 import pickle
@@ -97,6 +98,9 @@ class PlatformProcess:
         if child is not None and child.poll() is None:
             child.kill()
             child.wait()
+        with contextlib.suppress(OSError):  # a log the child wrote nothing to says nothing: not left behind
+            if os.path.getsize(self._log) == 0:
+                os.remove(self._log)
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self._child is not None and self._child.poll() is None:
