@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from typing import Any, Iterator
 
 import torch
 
+from ..common.shared_scope import SharedScope
 from .support import CUDA_TOOLKIT, EMULATED_LIBRARIES
 
 __all__ = ["EMULATED_LIBRARIES", "Scope", "emulation_names", "scope"]
 
 
-_lock = threading.Lock()
-_active: list[Any] = [None, 0]  # [the scope, ranks inside it]
+_shared = SharedScope("sglang emulated checks")
 
 
 def emulation_names() -> list[str]:
@@ -146,18 +145,14 @@ def _enter(engine: Any, options: dict[str, Any]) -> Scope:
 
 
 @contextlib.contextmanager
-def scope(engine: Any, options: dict[str, Any]) -> Iterator[Scope]:
-    """The shared scope of a check's ranks: entered by the first rank, left by the last."""
-    with _lock:
-        if _active[1] == 0:
-            _active[0] = _enter(engine, options)
-        _active[1] += 1
-        current = _active[0]
+def _entered(engine: Any, options: dict[str, Any]) -> Iterator[Scope]:
+    current = _enter(engine, options)
     try:
         yield current
     finally:
-        with _lock:
-            _active[1] -= 1
-            if _active[1] == 0:
-                _active[0] = None
-                current.stack.close()
+        current.stack.close()
+
+
+def scope(engine: Any, options: dict[str, Any]) -> contextlib.AbstractContextManager[Scope]:
+    """The shared scope of a check's ranks: entered by the first, left by the last."""
+    return _shared.enter(None, lambda: _entered(engine, options))

@@ -26,11 +26,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import sys
-import threading
 import types
 from typing import Any, Iterator, Mapping
 
 from ...core.cells import platform_of
+from ..common.shared_scope import SharedScope
 from ..common.sources import source_of
 
 __all__ = ["PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "notes", "scope", "unrunnable_reason"]
@@ -43,8 +43,7 @@ PLATFORM_LABELS = {"rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
 #: The modules of the check's path (attention kernels and backends, pools, DCP, the DeepSeek attention).
 _CHECK_PATH = ("sglang.kernels.ops.attention.", "sglang.srt.layers.attention.", "sglang.srt.mem_cache.",
                "sglang.srt.layers.dcp.", "sglang.srt.layers.radix_attention.", "sglang.srt.models.deepseek_common.")
-_lock = threading.RLock()
-_active: list[Any] = [None, 0]  # [the shared ExitStack, ranks inside it]
+_shared = SharedScope("sglang platform checks")
 
 
 def unrunnable_reason(cell: Any, decode_backend: str, platform: str, kv_cache_dtype: str) -> str | None:
@@ -92,25 +91,8 @@ def scope(adapter_rc: Any, arch: str) -> Iterator[list[str]]:
 
     Yields the SGLang constants derived again for the arch (``module.NAME``).
     """
-    with _lock:
-        if _active[1] == 0:
-            stack = contextlib.ExitStack()
-            try:
-                changed = stack.enter_context(_stated(adapter_rc, arch))
-            except BaseException:
-                stack.close()
-                raise
-            _active[0] = (stack, changed)
-        _active[1] += 1
-        changed = _active[0][1]
-    try:
+    with _shared.enter(None, lambda: _stated(adapter_rc, arch)) as changed:
         yield changed
-    finally:
-        with _lock:
-            _active[1] -= 1
-            if _active[1] == 0:
-                (stack, _), _active[0] = _active[0], None
-                stack.close()
 
 
 @contextlib.contextmanager

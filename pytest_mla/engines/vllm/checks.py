@@ -48,7 +48,7 @@ import re
 import threading
 from typing import Any, Iterator, Mapping
 
-from .kernel_source import _Shared
+from ..common.shared_scope import SharedScope
 
 PACKAGE = "vllm"
 RUNNER = "pytest_mla.engines.vllm.startup:run_mla"  # the adapter module: it makes the process's engine first
@@ -404,7 +404,7 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
 
 #: One ``platforms.on(arch)`` for all rank threads of a check (refcounted): a rank leaving must not put the
 #: module flags back (ROCm's ``_GCN_ARCH``) under a rank still running.
-_arch_holder = _Shared()
+_arch_holder = SharedScope("vllm checks")
 
 
 def _platform_on(platforms: Any, arch: str) -> Any:

@@ -22,6 +22,8 @@ import contextlib
 import sys
 from typing import Any, Iterator
 
+from ..common.shared_scope import SharedScope
+
 #: The compiled calls each backend's decode path (``forward_mqa``) makes, as ``module:qualname``.
 DECODE_CALLS: dict[str, tuple[str, ...]] = {
     "TRITON_MLA": (),  # Triton: runs here (interpreter) and on a GPU alike
@@ -148,45 +150,8 @@ def real_kernels_missing(backend: str, path: str, where: str, capability: str) -
     return f"not loaded here: {', '.join(missing)}" if missing else None
 
 
-class _Shared:
-    """One installation shared by the in-process DCP ranks of a check (refcounted).
-
-    Ranks run as threads that take turns; a patch that one rank undid on its way
-    out while another still runs would hand the other the real callable. The
-    first rank to enter installs, the last to leave undoes; all see one log.
-    """
-
-    def __init__(self) -> None:
-        import threading
-
-        self.lock = threading.Lock()
-        self.count = 0
-        self.key: Any = None
-        self.stack: contextlib.ExitStack | None = None
-        self.value: Any = None
-
-    @contextlib.contextmanager
-    def enter(self, key: Any, make: Any) -> Iterator[Any]:
-        with self.lock:
-            if self.count == 0:
-                stack = contextlib.ExitStack()
-                self.value = stack.enter_context(make())
-                self.stack, self.key = stack, key
-            elif key != self.key:
-                raise RuntimeError(f"vllm checks: concurrent checks want {key!r} and {self.key!r}")
-            self.count += 1
-        try:
-            yield self.value
-        finally:
-            with self.lock:
-                self.count -= 1
-                if self.count == 0:
-                    stack, self.stack, self.value = self.stack, None, None
-                    stack.close()
-
-
-_emulations = _Shared()
-_buffers = _Shared()
+_emulations = SharedScope("vllm checks")
+_buffers = SharedScope("vllm checks")
 
 
 @contextlib.contextmanager
