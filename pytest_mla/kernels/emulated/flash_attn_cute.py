@@ -67,7 +67,7 @@ from typing import Optional
 import torch
 
 from .flash_attn import _attend_request
-from .glue import OutOfContractError, check_dtype, gather_pages, write_out
+from .glue import OutOfContractError, gather_pages, write_out
 
 __all__ = ["EMULATIONS", "flash_attn_varlen_func"]
 
@@ -119,7 +119,7 @@ def _resolve_window(causal: bool, left: Optional[int], right: Optional[int]) -> 
     return causal, local, -1 if left is None else int(left), -1 if right is None else int(right)
 
 
-def _int32(flag: str, t: Optional[torch.Tensor]) -> None:
+def _int32(t: Optional[torch.Tensor]) -> None:
     if t is not None:
         assert t.dtype == torch.int32, "cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k must be int32"
         assert t.stride(0) == 1, "cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k must be contiguous"
@@ -184,8 +184,8 @@ def flash_attn_varlen_func(
     for i, (a, ta) in enumerate(present):
         for b, tb in present[i + 1:]:
             assert ta.dtype == tb.dtype, f"{a}.dtype {ta.dtype} != {b}.dtype {tb.dtype}"
-    for flag, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
-        _int32(flag, t)
+    for t in (cu_seqlens_q, cu_seqlens_k, seqused_k):
+        _int32(t)
     assert num_head % num_head_kv == 0, "num_head must be divisible by num_head_kv"
     if arch // 10 != 8:
         _validate_head_dims(head_dim, head_dim_v, arch // 10, 16 // v.element_size())
@@ -202,7 +202,7 @@ def flash_attn_varlen_func(
     else:
         assert q_descale is None and k_descale is None and v_descale is None, \
             "q_descale/k_descale/v_descale are only supported for FP8 inputs"
-    local = _resolve_window(bool(causal), *window_size)[1]
+    causal, local, left, right = _resolve_window(bool(causal), *window_size)
     if qv is not None:
         assert arch // 10 in (10, 11), "only support Blackwell arch with qv"
         assert q is None or qv.shape[:-1] == q.shape[:-1]
@@ -212,10 +212,7 @@ def flash_attn_varlen_func(
         assert not local, "local not yet supported with qv"
         assert q_descale is None and k_descale is None and v_descale is None, \
             "q_descale/k_descale/v_descale are not yet supported with qv"
-    causal, _, left, right = _resolve_window(bool(causal), *window_size)
 
-    if page_table is not None:
-        check_dtype("page_table", page_table, (torch.int32,))
     rows_q = first if cu_seqlens_q is not None else first.reshape(-1, *first.shape[2:])
     rows_qv = None
     if q is not None and qv is not None:
