@@ -129,6 +129,44 @@ def test_a_cuda_only_failure_after_the_checks_is_a_note_not_a_refusal(fake):
                                 "with CUDA enabled") for n in cell["notes"]), cell["notes"]
 
 
+def test_a_wrappers_own_check_after_it_copied_a_stopped_backends_fields_still_runs(fake):
+    """FakeWrapperBackend copies a field its stopped inner backend never set, then checks the model.
+
+    The copy goes on (an ``UnsetField``); the refusal after it is the engine's, as on a GPU host
+    (SGLang's MiniCPMSparseBackend refuses non-MiniCPM models after it copied FlashAttentionBackend's
+    pools); where the wrapper uses the copied field, that use is its GPU step, named with the field.
+    """
+    fake.makefile(".toml", w=textwrap.dedent("""
+        [engine]
+        name = "sglang"
+        version = "==0.9.0"
+
+        [axes]
+        model = ["deepseek-v3", "llama-3.1-8b"]
+        backend = ["fake_wrapper"]
+        dcp = [1]
+        spec = ["none"]
+        arch = ["sm90"]
+        kv_dtype = ["auto"]
+
+        [[rule]]
+        when = { backend = "fake_wrapper", "model.mla" = false }
+        reject = { error = "ValueError", message = "fake_wrapper serves MLA models only" }
+    """))
+    result = fake.runpytest_subprocess("--mla-matrix=w.toml", "--mla-kernel=off", "-p", "no:cacheprovider",
+                                       "--mla-report-dir=reports", "--mla-report-name=w")
+    assert result.ret == 0, result.stdout.str()
+    cells = {c["id"]: c for c in read_results(fake.path / "reports" / "w.json")["cells"]}
+    refused = cells["llama-3.1-8b/fake_wrapper/dcp1/none/sm90/kv-auto"]["outcome"]
+    assert (refused["kind"], refused["error"], refused["message"]) == (
+        "rejected", "ValueError", "fake_wrapper serves MLA models only")
+    accepted = cells["deepseek-v3/fake_wrapper/dcp1/none/sm90/kv-auto"]
+    assert accepted["outcome"]["kind"] == "accepted"
+    # torch.zeros checks its argument's type before anything could ask the stand-in: torch's TypeError names it
+    assert any(n.startswith("[target] FakeWrapperBackend.__init__ stopped at TypeError: zeros(): argument 'size' ")
+               and "not UnsetField (fake_backend.py:" in n for n in accepted["notes"]), accepted["notes"]
+
+
 def test_the_release_gets_only_the_platform_facts_it_knows(fake):
     """Like 0.5.20/0.5.21 the fake has no is_mps/is_sm110 and raises ValueError for unknown facts."""
     result, cells, doc = run_fake(fake)

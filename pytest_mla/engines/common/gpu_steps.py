@@ -163,6 +163,40 @@ class GpuResource:
     __lt__ = __le__ = __gt__ = __ge__ = _arith
 
 
+class UnsetField(GpuResource):
+    """A field a stopped constructor never set, read by the code that goes on without it.
+
+    A wrapper backend (MiniCPM's around FlashAttention's, a multi-step draft
+    backend around its per-step ones) builds an inner backend, copies some of
+    its fields and then makes its own checks. When the inner constructor
+    stopped at a GPU step, the wrapper gets this stand-in for each field it
+    never set: copying it is free, any use (an attribute, a call, a truth
+    value, arithmetic, ``==``) is the GPU step, so the wrapper's own checks
+    that come before such a use still run, as they do on a GPU host.
+
+    What it cannot stop: ``x is None`` (False here) and ``isinstance`` (never
+    the real type); a check written that way on a copied field would take the
+    branch of a non-None object of another class.
+    """
+
+    __slots__ = ("_mla_unset",)
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(name)
+        object.__setattr__(self, "_mla_unset", why)
+
+    def _stop(self, what: str) -> Any:
+        raise GpuStep(f"{object.__getattribute__(self, '_mla_name')}{what}, {object.__getattribute__(self, '_mla_unset')}")
+
+    def __eq__(self, other: Any) -> bool:
+        return self._stop(" (==)")
+
+    def __ne__(self, other: Any) -> bool:
+        return self._stop(" (!=)")
+
+    __hash__ = object.__hash__
+
+
 class _KernelName:
     """A name inside a kernel library that is not installed here: using it is a GPU step."""
 
@@ -305,5 +339,5 @@ def engine_frame(tb: types.TracebackType | None, package_dir: str) -> tuple[str,
     return found
 
 
-__all__ = ["GpuResource", "GpuStep", "KernelLibraryStub", "cuda_absent", "engine_frame", "kernel_library_stubs",
+__all__ = ["GpuResource", "GpuStep", "KernelLibraryStub", "UnsetField", "cuda_absent", "engine_frame", "kernel_library_stubs",
            "missing_libraries", "needs_gpu", "stop_at_gpu_steps"]

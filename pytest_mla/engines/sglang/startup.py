@@ -69,7 +69,7 @@ from ...core.models import ModelConfig
 from ...core.records import construction_stop_note
 from ...core.spec import parse_spec
 from ..common import quiet as _quiet
-from ..common.gpu_steps import GpuResource, GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
+from ..common.gpu_steps import GpuResource, GpuStep, UnsetField, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from ..common.gpu_steps import stop_at_gpu_steps
 from ..protocol import AdapterError, Configured, UnreachableError
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
@@ -505,6 +505,7 @@ class SGLangEngine:
         server_args = self._server_args(kwargs)
         server_args.resolve_once()  # SGLang's resolution pipeline: raises its own errors
         sg.rc.publish(server_args, role="test")
+        _fresh_resources(sg.rc)
         runner = self._runner(server_args, sg.model_config_of(server_args), draft=False)
         notes = []
         for field, label in (("page_size", "page size"), ("kv_cache_dtype", "kv-cache-dtype"),
@@ -745,6 +746,20 @@ class SGLangEngine:
         return False
 
 
+def _fresh_resources(rc: Any) -> None:
+    """Each cell starts as a fresh server does, with no named buffers or streams (``runtime_context.Resources``).
+
+    ``get_buffer(name, factory)`` keeps what a factory made for the process:
+    a workspace an earlier cell's check made on this CPU would let the next
+    cell's constructors skip the step that allocates it (where they stop),
+    so a cell's notes would depend on the cells before it in its worker.
+    """
+    context = getattr(rc, "_CONTEXT", None)
+    resources = getattr(context, "resources", None)
+    if resources is not None:
+        context.resources = type(resources)()
+
+
 class CudaQueryWithoutCuda(RuntimeError):
     """SGLang asked ``torch.cuda`` for a device on a platform without CUDA (CPU, XPU, NPU): a crash of the engine
     there (the real platform's torch answers the same), never a refusal."""
@@ -833,8 +848,10 @@ class _ConstructionLog:
             return True
         if isinstance(exc, ModuleNotFoundError):
             return (exc.name or "").split(".", 1)[0] in KERNEL_LIBRARIES
-        if isinstance(exc, TypeError) and "_KernelName" in str(exc):
-            return True  # a name of a kernel library that is not installed here, used as a value
+        if isinstance(exc, TypeError) and ("_KernelName" in str(exc) or "UnsetField" in str(exc)):
+            # a name of a kernel library that is not installed here, or a field a stopped constructor
+            # never set, handed as a value to a function that checks its arguments' types (torch's)
+            return True
         return False
 
     def run(self, fn: Callable[[], Any], unit: str) -> Any:
@@ -922,7 +939,13 @@ class _ConstructionLog:
 
 
 def _stopped_getattr(original: Callable[[Any, str], Any] | None) -> Callable[[Any, str], Any]:
-    """``__getattr__`` for a wrapped class: a field its stopped ``__init__`` never set is itself a GPU step."""
+    """``__getattr__`` for a wrapped class: a field its stopped ``__init__`` never set is an ``UnsetField``.
+
+    Reading it (``self.page_size = self.inner.page_size``) goes on; using it is
+    the GPU step. So a wrapper's own checks after it copied the inner
+    backend's fields still run, as on a GPU host (MiniCPMSparseBackend's
+    sparse-config check comes after it copies FlashAttentionBackend's pools).
+    """
 
     def __getattr__(self: Any, name: str) -> Any:
         stop = None
@@ -932,7 +955,7 @@ def _stopped_getattr(original: Callable[[Any, str], Any] | None) -> Callable[[An
             except AttributeError:
                 stop = None
         if stop is not None:
-            raise GpuStep(f"self.{name}, left unset when {stop.unit} stopped")
+            return UnsetField(f"self.{name}", f"left unset when {stop.unit} stopped")
         if original is not None:
             return original(self, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

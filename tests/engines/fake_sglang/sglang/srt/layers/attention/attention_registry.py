@@ -43,3 +43,10 @@ def create_mha_only_backend(runner):
     from sglang.srt.layers.attention.fake_backend import FakeTritonBackend
 
     return FakeTritonBackend(runner)
+
+
+@register_attention_backend("fake_wrapper")
+def create_fake_wrapper_backend(runner):
+    from sglang.srt.layers.attention.fake_backend import FakeWrapperBackend
+
+    return FakeWrapperBackend(runner)

@@ -32,3 +32,15 @@ class CudaProbeBackend:
         # What torch says on a CPU-only host when code asks for CUDA its own way.
         assert torch.cuda.is_available(), "Torch not compiled with CUDA enabled"
         self.stream = torch.cuda.Stream()
+
+
+class FakeWrapperBackend:
+    """Like MiniCPMSparseBackend: builds an inner backend, copies its fields, then makes its own check."""
+
+    def __init__(self, model_runner):
+        self.inner = FakeTritonBackend(model_runner)  # stops at its GPU step, having set .device
+        self.device = self.inner.device
+        self.max_bs = self.inner.max_bs  # never set by the stopped inner constructor
+        if not model_runner.use_mla_backend:
+            raise ValueError("fake_wrapper serves MLA models only")
+        self.slots = torch.zeros(self.max_bs, dtype=torch.int32)  # uses the unset field: the GPU step
