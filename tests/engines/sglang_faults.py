@@ -97,6 +97,8 @@ CASES = {
     # other platforms: configured and checked in the child process of the cell's platform (``platform_check``)
     "v3-decode-gfx942": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx942"),
     "v3-decode-gfx950": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx950"),
+    "v3-decode-fp8-gfx942": ("deepseek-v3", "none", 1, "fp8_e4m3", "triton", 1, "gfx942"),
+    "v3-decode-fp8-gfx950": ("deepseek-v3", "none", 1, "fp8_e4m3", "triton", 1, "gfx950"),
     "llama-decode-gfx950": ("llama-3.1-8b", "none", 1, "auto", "triton", 1, "gfx950"),
     "llama-chain-gfx942": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "triton", 1, "gfx942"),
     "llama-chain-gfx950": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "triton", 1, "gfx950"),
@@ -224,6 +226,10 @@ FAULTS = {
     "torch-native-scale-x1.05": ("backend:torch_native", "_run_sdpa_forward_decode",
                                  lambda f: _sdpa_scaled(f, 1.05)),
     "flex-scale-x1.05": ("backend:flex_attention", "_run_flex_forward_decode", lambda f: _sdpa_scaled(f, 1.05)),
+    # the KV-scale loader forgets that e4m3fnuz halves each value (kv_cache.py's own binding only: the
+    # platform's fp8 type, derived from the same probe elsewhere, stays e4m3fnuz)
+    "kv-scale-not-doubled-on-fnuz": ("only:sglang.srt.layers.quantization.kv_cache", "is_fp8_fnuz",
+                                     lambda f: (lambda: False)),
 }
 
 
@@ -303,10 +309,12 @@ def injected(fault: str) -> Iterator[None]:
             for owner, original in patched.items():
                 setattr(owner, attr, original)
         return
-    module = importlib.import_module(module_name)
+    only = module_name.startswith("only:")  # that module's binding alone
+    module = importlib.import_module(module_name.removeprefix("only:"))
     original = getattr(module, attr)
     faulty = make(original)
-    bound = [(m, name) for m in list(sys.modules.values()) if m is not None and getattr(m, "__name__", "").startswith("sglang")
+    bound = [(m, name) for m in ([module] if only else list(sys.modules.values()))
+             if m is not None and getattr(m, "__name__", "").startswith("sglang")
              for name in (attr,) if getattr(m, name, None) is original]
     for m, name in bound:
         setattr(m, name, faulty)

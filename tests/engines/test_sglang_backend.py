@@ -360,6 +360,23 @@ def test_faults_in_sglangs_code_fail_rocm_triton_and_cpu_torch_native_cells_in_t
 
 
 @pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_rocm_fp8_cells_use_the_archs_own_fp8_type_and_a_loader_that_forgets_fnuz_fails(venv):
+    """SGLang on ROCm stores an fp8 cache in the platform's fp8 type: e4m3fnuz on gfx942 (with a checkpoint's
+    KV scales doubled when they load), e4m3fn on gfx950, decided per cell in one ROCm child. Both verify; a
+    KV-scale loader that forgets the doubling (kv_cache.py's is_fp8_fnuz answering False) fails gfx942."""
+    rows = drive(venv, "none:v3-decode-fp8-gfx942", "none:v3-decode-fp8-gfx950",
+                 "kv-scale-not-doubled-on-fnuz:v3-decode-fp8-gfx942")
+    gfx942, gfx950 = rows["none:v3-decode-fp8-gfx942"], rows["none:v3-decode-fp8-gfx950"]
+    assert gfx942["status"] == "verified" and gfx942["level"] == "backend", gfx942
+    assert any(n.startswith("KV cache stored as float8_e4m3fnuz (SGLang's fp8 type on gfx942): the check's e4m3fn "
+                            "tokens halved into it") for n in gfx942["notes"]), gfx942["notes"]
+    assert gfx950["status"] == "verified", gfx950
+    assert not any(n.startswith("KV cache stored as") for n in gfx950["notes"]), gfx950["notes"]  # e4m3fn there
+    fault = rows["kv-scale-not-doubled-on-fnuz:v3-decode-fp8-gfx942"]
+    assert fault["status"] == "failed" and not fault["finding"] and fault["message"].startswith("out: "), fault
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
 def test_gfx950_chain_verify_takes_sglangs_split_kv_kernel_which_gives_nan_without_a_prefix(venv):
     """On gfx950 a topk-1 verify of a GQA model takes ``verify_splitkv_fwd`` (``use_verify_splitkv``:
     ``is_gfx95_supported()``); its combine gives NaN for a request with no cached prefix (every split's LSE is

@@ -49,18 +49,9 @@ _shared = SharedScope("sglang platform checks")
 def unrunnable_reason(cell: Any, decode_backend: str, platform: str, kv_cache_dtype: str) -> str | None:
     """Why a cell of ``platform`` whose decode backend has a platform check still cannot run it (None: it can).
 
-    SGLang on ROCm stores an fp8 KV cache in its platform's own fp8 format
-    (``mem_cache/kv_cache_dtype.py`` ``configure_kv_cache_dtype``:
-    ``fp8_dtype if _is_hip``, for ``fp8_e4m3`` and ``fp8_e5m2`` alike; that
-    is ``float8_e4m3fnuz`` on gfx942, ``kernels/ops/quantization/fp8_kernel.py``
-    ``is_fp8_fnuz()``), bound when those modules load: the check's e4m3fn /
-    e5m2 cache has no faithful copy in it yet.
+    Every such cell runs today: ROCm's fp8 caches (its platform fp8 type, e4m3fnuz on gfx942) are
+    built as SGLang resolves them for the cell's arch (``pools._rocm_kv_dtype``).
     """
-    if platform == "rocm" and str(kv_cache_dtype).startswith("fp8"):
-        asked = getattr(cell, "kv_dtype", None) or kv_cache_dtype
-        return (f"SGLang on the rocm platform ({cell.arch}) stores a {asked} KV cache as its platform fp8 type "
-                "(kv_cache_dtype.py configure_kv_cache_dtype: fp8_dtype if _is_hip; float8_e4m3fnuz on gfx942), "
-                "bound when its modules load: the check's e4m3fn/e5m2 cache has no faithful copy in it yet")
     return None
 
 
@@ -110,10 +101,16 @@ def _stated(rc: Any, arch: str) -> Iterator[list[str]]:
         if platform_of(arch) == "rocm":  # torch.cuda answers on a HIP device
             torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
         try:
-            with derived_constants(ARCH_PROBES) as changed:
+            with derived_constants(ARCH_PROBES + FP8_PROBES) as changed:
                 yield changed
         finally:
             torch.cuda.get_device_capability = saved_capability  # type: ignore[assignment]
+
+
+#: SGLang's fp8-format probe (``kernels/ops/quantization/fp8_kernel.py``: ``"gfx94" in gcnArchName`` on
+#: ROCm, behind an ``lru_cache``) and the module that defines the platform fp8 type from it at load.
+FP8_PROBES = ("is_fp8_fnuz",)
+_FP8_MODULE = "sglang.kernels.ops.quantization.fp8_kernel"
 
 
 @contextlib.contextmanager
@@ -121,40 +118,78 @@ def derived_constants(probes: tuple[str, ...]) -> Iterator[list[str]]:
     """Every loaded SGLang module's top-level ``NAME = <expr>`` whose expression calls one of ``probes``
     (or reads a name derived so), evaluated again now (the probes answer the active arch); put back after.
 
+    A top-level ``if <derived>: NAME = ... else: NAME = ...`` of plain assignments is run again the
+    same way (``fp8_kernel.py``: ``if is_fp8_fnuz(): fp8_dtype = torch.float8_e4m3fnuz``), and a
+    changed torch dtype or float is rebound wherever another module imported it under its name
+    (``from ...fp8_kernel import fp8_dtype``: ``mem_cache/kv_cache_dtype.py``). ``is_fp8_fnuz``'s
+    cache is emptied on entry and on exit, so that it answers the active arch.
+
     Yields ``module.NAME`` of each constant that changed.
     """
+    import torch
+
     saved: list[tuple[types.ModuleType, str, Any]] = []
     changed: list[str] = []
+    _forget_fp8_probe()
     try:
         for name, module in list(sys.modules.items()):
             if module is None or not (name == "sglang" or name.startswith("sglang.")):
                 continue
-            for target, expr in _derived_statements(name, probes):
+            for targets, code in _derived_statements(name, probes):
                 try:
-                    value = eval(expr, vars(module))  # noqa: S307 - SGLang's own module-level statement, re-run
+                    scope = dict(vars(module))
+                    exec(code, scope)  # noqa: S102 - SGLang's own module-level statement, re-run
                 except Exception as exc:  # noqa: BLE001 - a statement that needs what only its load had
                     from .support import adapter_error
 
-                    raise adapter_error("kernel check", f"cannot derive {name}.{target} again for the cell's arch: "
-                                                        f"{type(exc).__name__}: {exc}") from None
-                old = vars(module).get(target)
-                if not isinstance(value, _PLAIN) or type(value) is type(old) and value == old:
-                    continue  # an object (a kernel, a table) or the same answer: left as it loaded
-                saved.append((module, target, old))
-                setattr(module, target, value)
-                changed.append(f"{name}.{target}")
+                    raise adapter_error("kernel check", f"cannot derive {name}.{', '.join(targets)} again for the "
+                                                        f"cell's arch: {type(exc).__name__}: {exc}") from None
+                for target in targets:
+                    if target not in scope:
+                        continue
+                    value, old = scope[target], vars(module).get(target)
+                    if not isinstance(value, (*_PLAIN, torch.dtype)) or type(value) is type(old) and value == old:
+                        continue  # an object (a kernel, a table) or the same answer: left as it loaded
+                    saved.append((module, target, old))
+                    setattr(module, target, value)
+                    changed.append(f"{name}.{target}")
+                    if isinstance(old, (torch.dtype, float)):
+                        changed += _rebind_imported(target, old, value, module, saved)
         yield changed
     finally:
         for module, target, old in reversed(saved):
             setattr(module, target, old)
+        _forget_fp8_probe()
+
+
+def _rebind_imported(target: str, old: Any, value: Any, home: types.ModuleType,
+                     saved: list[tuple[types.ModuleType, str, Any]]) -> list[str]:
+    """Rebind ``target`` in every other SGLang module that holds ``home``'s old object under that name."""
+    rebound = []
+    for name, module in list(sys.modules.items()):
+        if module is None or module is home or not (name == "sglang" or name.startswith("sglang.")):
+            continue
+        if vars(module).get(target) is old:
+            saved.append((module, target, old))
+            setattr(module, target, value)
+            rebound.append(f"{name}.{target}")
+    return rebound
+
+
+def _forget_fp8_probe() -> None:
+    probe = getattr(sys.modules.get(_FP8_MODULE), "is_fp8_fnuz", None)
+    clear = getattr(probe, "cache_clear", None)
+    if clear is not None:
+        clear()
 
 
 _PLAIN = (bool, int, float, str, type(None))
-_statements: dict[tuple[str, tuple[str, ...]], list[tuple[str, Any]]] = {}
+_statements: dict[tuple[str, tuple[str, ...]], list[tuple[tuple[str, ...], Any]]] = {}
 
 
-def _derived_statements(module_name: str, probes: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """``(name, compiled expression)`` of a module's top-level assignments derived from ``probes`` (cached)."""
+def _derived_statements(module_name: str, probes: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+    """``(names, compiled statement)`` of a module's top-level assignments derived from ``probes`` (cached):
+    ``NAME = <expr>``, and ``if``/``else`` blocks of such assignments whose test reads a derived name."""
     key = (module_name, probes)
     found = _statements.get(key)
     if found is not None:
@@ -164,14 +199,35 @@ def _derived_statements(module_name: str, probes: tuple[str, ...]) -> list[tuple
     if source is not None:
         derived = set(probes)
         for node in ast.parse(source).body:
-            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            if _plain_assign(node):
+                used = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+                targets = (node.targets[0].id,)
+            elif isinstance(node, ast.If) and _plain_block(node):
+                used = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+                targets = tuple(dict.fromkeys(_assigned(node)))
+            else:
                 continue
-            used = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
             if used & derived:
-                derived.add(node.targets[0].id)
-                found.append((node.targets[0].id, compile(ast.Expression(node.value), module_name, "eval")))
+                derived.update(targets)
+                found.append((targets, compile(ast.Module([node], type_ignores=[]), module_name, "exec")))
     _statements[key] = found
     return found
+
+
+def _plain_assign(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+
+
+def _plain_block(node: ast.If) -> bool:
+    """An ``if`` whose branches only assign names (nested ``if`` of the same kind allowed)."""
+    return all(_plain_assign(n) or isinstance(n, ast.If) and _plain_block(n) for n in (*node.body, *node.orelse))
+
+
+def _assigned(node: ast.If) -> list[str]:
+    names = []
+    for n in (*node.body, *node.orelse):
+        names += _assigned(n) if isinstance(n, ast.If) else [n.targets[0].id]
+    return names
 
 
 def _has_probe_text(module_name: str, probes: tuple[str, ...]) -> bool:

@@ -343,6 +343,27 @@ def construct(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
+def _rocm_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV-cache dtype SGLang's ``configure_kv_cache_dtype`` resolves on ROCm for the active arch.
+
+    ROCm stores ``fp8_e4m3`` and ``fp8_e5m2`` alike in the platform's fp8 type (``fp8_dtype if
+    _is_hip``): ``float8_e4m3fnuz`` on gfx942, ``float8_e4m3fn`` on gfx950 (``fp8_kernel.is_fp8_fnuz``,
+    derived again for the check's arch by ``platform_check.derived_constants``). An e4m3fnuz value is
+    half the e4m3fn value of the same bits, so SGLang doubles a checkpoint's KV scales there
+    (``BaseKVCacheMethod.process_weights_after_loading``, quantization/kv_cache.py: ``k_scale *= 2``
+    under ``is_fp8_fnuz()``) and its writes store ``K / (2 k_scale)``. The check's e4m3fn cache is
+    copied so: each value halved, which e4m3fnuz holds exactly (every e4m3fn value up to 448, halved,
+    is an e4m3fnuz value). Without checkpoint scales (k_scale 1.0, not doubled) values are copied as
+    they are (the check's are at most 1 there).
+    """
+    from sglang.srt.mem_cache.kv_cache_dtype import configure_kv_cache_dtype
+
+    _, dtype = construct(configure_kv_cache_dtype, server_args_kv_cache_dtype=kv_cache_dtype, model=None,
+                         model_dtype=model_dtype, is_draft_worker=False, is_dflash=False,
+                         speculative_draft_attention_backend=None)
+    return dtype
+
+
 def poison(buffer: torch.Tensor, dtype: torch.dtype) -> None:
     """Fill a pool buffer (possibly stored as bytes) with NaN of its logical ``dtype``."""
     nan = torch.full(buffer.shape, math.nan, dtype=dtype, device=buffer.device)
@@ -479,7 +500,13 @@ class RankSetup:
         options = self.options
         if options["kv_cache_dtype"] == "auto":
             return self.dtype
+        if options.get("platform") == "rocm":  # the platform's own fp8 type, as SGLang resolves it for the arch
+            return _rocm_kv_dtype(options["kv_cache_dtype"], self.dtype)
         return {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[options["kv_cache_dtype"]]
+
+    def _fnuz_halves(self) -> bool:
+        """Whether the cache holds each scaled token at half its e4m3fn value (see ``_rocm_kv_dtype``)."""
+        return self.kv_dtype == torch.float8_e4m3fnuz and self.inputs.kv_scale not in (None, 1.0)
 
     def _build_pools(self) -> None:
         engine, inputs, mc = self.engine, self.inputs, self.model_config
@@ -490,7 +517,8 @@ class RankSetup:
         tokens = sum(-(-n // alloc_page) * alloc_page for n in seqlens) + (len(seqlens) + _SPARE_PAGES) * alloc_page
         rows = -(-tokens // world)  # per-rank rows
         self.kv_dtype = self._kv_torch_dtype()
-        if inputs.kv_cache.dtype != self.kv_dtype:
+        fnuz_copy = self.kv_dtype == torch.float8_e4m3fnuz and inputs.kv_cache.dtype == torch.float8_e4m3fn
+        if inputs.kv_cache.dtype != self.kv_dtype and not fnuz_copy:
             raise adapter_error("kernel check", f"the check's cache is {inputs.kv_cache.dtype}, SGLang's pool {self.kv_dtype}")
         max_len = max(seqlens) + 8
         self.req_to_token_pool = construct(engine.memory_pool.ReqToTokenPool, size=len(seqlens) + 3,
@@ -704,6 +732,8 @@ class RankSetup:
         scale = self.inputs.kv_scale
         if scale is not None and self.options.get("kv_convention") == "raw":
             k = k.to(self.dtype) * scale  # the token itself: the door casts it to the cache dtype
+        elif self._fnuz_halves():
+            k = k.to(torch.float32) / 2  # K / (2 k_scale), exact in e4m3fnuz: the door casts it
         if self.world == 1:
             self.pool.set_kv_buffer(self.layer, _write_loc(loc), k, k[..., :kv_lora])
             return
@@ -832,6 +862,11 @@ class RankSetup:
             notes.append(f"fp8 KV cache with k_scale = v_scale = {self.inputs.kv_scale:g} "
                          + ("(a checkpoint without KV scales)" if k_scale is None or k_scale == 1.0 else
                             "(a checkpoint with calibrated KV scales)"))
+        if self.kv_dtype != self.inputs.kv_cache.dtype:
+            notes.append(f"KV cache stored as {str(self.kv_dtype).removeprefix('torch.')} (SGLang's fp8 type on "
+                         f"{self.options.get('arch')}): "
+                         + ("the check's e4m3fn tokens halved into it, as SGLang's doubled checkpoint scale stores "
+                            "them (exact)" if self._fnuz_halves() else "the check's e4m3fn tokens copied (exact)"))
         return notes
 
 

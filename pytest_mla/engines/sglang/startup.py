@@ -474,7 +474,8 @@ class SGLangEngine:
         capability = capability_of(cell.arch)
         torch_capability = torch.cuda.get_device_capability
         self._rebind_capability()
-        with _quiet.quiet(), self._sg.rc.override_platform(**facts), self._arch_probes.on(cell.arch):
+        with _quiet.quiet(), self._sg.rc.override_platform(**facts), self._arch_probes.on(cell.arch), \
+                _derived_for(cell.arch):
             self._capability = capability
             if capability[0] is not None:
                 torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
@@ -744,6 +745,21 @@ class SGLangEngine:
                         return True
                     return True
         return False
+
+
+def _derived_for(arch: str) -> Any:
+    """In another platform's child: SGLang's load-time constants derived from the arch probes, for ``arch``.
+
+    A gfx950 cell in a child that loaded SGLang answering gfx942 (or cpu_amx in one that loaded for
+    cpu) must see what SGLang derives at load on that arch (``_is_gfx95``, the platform fp8 type
+    ``fp8_dtype``), as its checks do (``platform_check.scope``). The CUDA process has none that differ.
+    """
+    from .platform_check import FP8_PROBES, derived_constants
+    from .platforms import ARCH_PROBES, loaded_platform
+
+    if loaded_platform() == "cuda":
+        return contextlib.nullcontext([])
+    return derived_constants(ARCH_PROBES + FP8_PROBES)
 
 
 def _fresh_resources(rc: Any) -> None:
