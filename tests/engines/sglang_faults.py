@@ -91,6 +91,7 @@ CASES = {
     "llama-chain-trtllm-mha-sm100": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "trtllm_mha", 64, "sm100"),
     "llama-chain-fp8-trtllm-mha-sm100": ("llama-3.1-8b", "eagle-1x3", 1, "fp8_e4m3", "trtllm_mha", 64, "sm100"),
     "v3-decode-flex": ("deepseek-v3", "none", 1, "auto", "flex_attention", 1),
+    "v3-decode-qsa": ("deepseek-v3", "none", 1, "auto", "qsa", 1, "sm90"),
     "llama-decode-flex": ("llama-3.1-8b", "none", 1, "auto", "flex_attention", 1),
     "v32-decode-flex": ("deepseek-v3.2", "none", 1, "auto", "flex_attention", 1),
     "llama-decode-fp8-flex": ("llama-3.1-8b", "none", 1, "fp8_e4m3", "flex_attention", 1),

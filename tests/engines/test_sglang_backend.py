@@ -257,6 +257,30 @@ def test_dcp_case_holds_the_heads_of_the_whole_group():
     assert spec.function.endswith("TritonAttnBackend.forward_extend")
 
 
+def test_qsa_on_a_model_without_a_qsa_indexer_raises_in_its_forward_metadata_a_finding_at_level_emulated():
+    """SGLang builds the plain KV pool for a model without a QSA indexer; QwenSparseAttnBackend's forward
+    metadata reads the QSA pool's compress ratio: AttributeError, before any kernel (a finding)."""
+    row = drive(".venv-sglang", "none:v3-decode-qsa")["none:v3-decode-qsa"]
+    assert row["status"] == "failed" and row["finding"] and row["level"] == "emulated", row
+    assert "no attribute 'qsa_compress_ratio'" in row["message"], row
+
+
+def test_a_missing_kernel_library_import_in_an_emulated_run_is_named_never_a_finding():
+    """An ImportError whose cause is a kernel library this host lacks (QSA's varlen fallback wraps it) is the
+    check's limit (not-run naming the library), whatever SGLang's own wrapper says."""
+    from pytest_mla.engines.sglang.checks import _missing_kernel_library
+
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'flash_attn'", name="flash_attn.cute")
+        except ImportError as cause:
+            raise ImportError("QSA decode requires flash_attn (FA2), flash-attn-4 (FA4 cute)") from cause
+    except ImportError as exc:
+        assert _missing_kernel_library(exc) == "flash_attn.cute"
+    assert _missing_kernel_library(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
+    assert _missing_kernel_library(ImportError("cannot import name 'x' from 'sglang.srt'")) is None
+
+
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "flashmla", "trtllm_mla"])
 def test_cuda_backends_run_at_level_emulated_off_their_gpu(backend):
     cell, model = _cell(backend=backend, arch="sm100" if backend == "trtllm_mla" else "sm90")

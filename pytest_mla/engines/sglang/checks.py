@@ -78,10 +78,15 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "trtllm_mha": (("sm90", "sm100"), ("flashinfer", "sgl_kernel")),
     "cutedsl_mla": (("sm100",), ("cutlass", "sgl_kernel")),
     "tokenspeed_mla": (("sm100",), ("sgl_kernel",)),
+    # Qwen's sparse attention decodes through flash_attn (FA2) or FA4's CuTe varlen (its _flash_attn_varlen_func)
+    "qsa": (("sm80", "sm90", "sm100"), ("flash_attn",)),
 }
 #: CUDA decode backends whose own code runs here around emulated kernels (``emulation``) when
 #: their GPU is not: every kernel library call they make has an emulation in ``kernels.emulated``.
-EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla")
+#: qsa's does not (its FA2 / FA4 varlen fallback): its code runs up to its first kernel library, and a
+#: run that reaches one is not-run naming it (``run``); on a model without a QSA indexer its forward
+#: metadata raises before that (a finding, matrix/sglang.toml).
+EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla", "qsa")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
@@ -221,7 +226,8 @@ def _class_of(backend: str) -> str:
     return {"triton": "TritonAttnBackend", "flashinfer": "FlashInferMLAAttnBackend", "fa3": "FlashAttentionBackend",
             "fa4": "FlashAttentionBackend", "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
             "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
-            "torch_native": "TorchNativeAttnBackend", "flex_attention": "TorchFlexAttnBackend"}.get(backend, backend)
+            "torch_native": "TorchNativeAttnBackend", "flex_attention": "TorchFlexAttnBackend",
+            "qsa": "QwenSparseAttnBackend"}.get(backend, backend)
 
 
 # ---- the engine runner -------------------------------------------------------------------------
@@ -250,6 +256,25 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     except OutOfContractError as exc:  # a kernel call no emulation models: not a finding, not verified
         raise EngineCannotRun(f"SGLang's {options['backend']} backend called a kernel outside the emulations' "
                               f"contracts: {exc}") from None
+    except ImportError as exc:
+        library = _missing_kernel_library(exc)
+        if library is None:
+            raise
+        raise EngineCannotRun(f"SGLang's {options['backend']} backend imports {library}, a kernel library this "
+                              "host lacks and no emulation stands in for") from None
+
+
+def _missing_kernel_library(exc: BaseException) -> str | None:
+    """The kernel library whose absence ``exc`` (or an exception it was raised from) reports, if any."""
+    from .support import KERNEL_LIBRARIES
+
+    seen = 0
+    while exc is not None and seen < 8:
+        name = getattr(exc, "name", None) or ""
+        if isinstance(exc, ModuleNotFoundError) and name.split(".", 1)[0] in KERNEL_LIBRARIES:
+            return name
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:

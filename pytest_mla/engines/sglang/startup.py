@@ -75,7 +75,7 @@ from ..protocol import AdapterError, Configured, UnreachableError
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from .platforms import PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, fake_import_platform, known_archs
 from .platforms import platform_fact_names, platform_facts
-from .support import STUBS
+from .support import KERNEL_LIBRARIES, STUBS
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
     raise ImportError("sglang is not installed in this environment", name="sglang")
@@ -84,14 +84,6 @@ ENGINE = "sglang"
 
 #: Weightless model configs, one folder per catalogue model.
 from ..common import MODEL_CONFIGS
-
-#: Modules replaced by import stubs for the whole run when not installed (imported for names
-#: only): ``torchvision`` (a CUDA-linked wheel transformers and SGLang's multimodal configs
-
-#: Kernel libraries (compiled CUDA extensions): one that is not installed here and that code
-#: being constructed imports is a GPU step ("kernel library X is not installed here").
-KERNEL_LIBRARIES = ("sgl_kernel", "flashinfer", "flash_mla", "flash_attn", "flash_attn_interface", "deep_gemm",
-                    "cutlass", "cuda", "tokenspeed_mla", "tilelang", "quack", "humming", "aiter", "trtllm")
 
 #: The kernel libraries backend modules import unguarded at their top (``from sgl_kernel import
 #: merge_state_v2``): while constructors run, those not installed here are stubs whose every name

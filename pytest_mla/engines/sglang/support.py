@@ -8,10 +8,15 @@ from typing import Any
 
 from ...core.errors import AdapterError
 
-__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "STUBS", "adapter_error", "backend_module", "make_dataclass"]
+__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "backend_module", "make_dataclass"]
 
 #: The kernel libraries SGLang's CUDA attention backends call (emulated at level ``emulated``).
 EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")  # sglang: its own JIT kernels
+
+#: Kernel libraries (compiled CUDA extensions): one that is not installed here and that code
+#: being constructed imports is a GPU step ("kernel library X is not installed here").
+KERNEL_LIBRARIES = ("sgl_kernel", "flashinfer", "flash_mla", "flash_attn", "flash_attn_interface", "deep_gemm",
+                    "cutlass", "cuda", "tokenspeed_mla", "tilelang", "quack", "humming", "aiter", "trtllm")
 
 #: The CUDA toolkit stated to SGLang (``torch.version.cuda``): SGLang 0.5.2x ships CUDA-13 wheels.
 CUDA_TOOLKIT = "13.0"
