@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pytest_mla.engines.sglang.platform_check import PLATFORM_CHECKS, derived_constants, notes, unrunnable_reason
+from pytest_mla.engines.sglang.platform_check import PLATFORM_CHECKS, derived_constants, notes
 
 PROBES_SOURCE = '''
 ANSWER = {"gfx95": False}
@@ -33,6 +33,35 @@ _is_gfx95 = _is_hip and is_gfx95_supported()
 _wide_tiles = _is_gfx95 and True
 _TABLE = {"tuned": is_gfx95_supported()}
 UNRELATED = 3
+'''
+
+# fp8_kernel.py's shape: the platform fp8 type chosen in a top-level if-block, imported elsewhere
+FP8_SOURCE = '''
+import functools
+
+import torch
+
+from sglang.probes import ANSWER
+
+
+@functools.lru_cache()
+def is_fp8_fnuz():
+    return not ANSWER["gfx95"]
+
+
+if is_fp8_fnuz():
+    fp8_dtype = torch.float8_e4m3fnuz
+    fp8_max = 224.0
+else:
+    fp8_dtype = torch.float8_e4m3fn
+    fp8_max = torch.finfo(fp8_dtype).max
+fp8_min = -fp8_max
+'''
+
+KV_SOURCE = '''
+from sglang.fp8 import fp8_dtype, fp8_max
+
+OWN_MAX = 224.0
 '''
 
 
@@ -78,15 +107,30 @@ def test_a_statement_that_cannot_run_again_is_the_adapters_error(fake_sglang):
     assert user._is_gfx95 is False
 
 
-class _Cell:
-    arch = "gfx942"
+def test_the_platform_fp8_type_of_an_if_block_answers_the_active_arch_where_it_was_imported(fake_sglang, tmp_path):
+    """fp8_kernel.py picks e4m3fnuz or e4m3fn in an if-block over its lru-cached probe; kv_cache_dtype.py imports
+    the dtype. Both answer the active arch inside the scope, and go back after (the probe's cache emptied)."""
+    import torch
 
+    probes, _ = fake_sglang
+    (tmp_path / "sglang" / "fp8.py").write_text(textwrap.dedent(FP8_SOURCE))
+    (tmp_path / "sglang" / "kv.py").write_text(textwrap.dedent(KV_SOURCE))
+    import sglang.fp8 as fp8
+    import sglang.kv as kv
 
-def test_rocm_fp8_caches_stay_not_run_naming_sglangs_platform_fp8_type():
-    reason = unrunnable_reason(_Cell(), "triton", "rocm", "fp8_e4m3")
-    assert reason is not None and "configure_kv_cache_dtype" in reason and "float8_e4m3fnuz" in reason
-    assert unrunnable_reason(_Cell(), "triton", "rocm", "auto") is None
-    assert unrunnable_reason(_Cell(), "torch_native", "cpu", "fp8_e4m3") is None
+    try:
+        assert kv.fp8_dtype is torch.float8_e4m3fnuz and fp8.fp8_min == -224.0  # loaded on gfx942
+        probes.ANSWER["gfx95"] = True
+        with derived_constants(("is_gfx95_supported", "is_fp8_fnuz")) as changed:
+            assert fp8.fp8_dtype is torch.float8_e4m3fn and fp8.fp8_max == 448.0 and fp8.fp8_min == -448.0
+            assert kv.fp8_dtype is torch.float8_e4m3fn and kv.fp8_max == 448.0  # imported under its name
+            assert kv.OWN_MAX == 224.0  # an equal float of its own: not the imported object, left alone
+            assert {"sglang.fp8.fp8_dtype", "sglang.kv.fp8_dtype", "sglang.fp8.fp8_min"} <= set(changed)
+        probes.ANSWER["gfx95"] = False
+        assert kv.fp8_dtype is torch.float8_e4m3fnuz and fp8.fp8_max == 224.0 and fp8.is_fp8_fnuz() is True
+    finally:
+        for name in ("sglang.fp8", "sglang.kv"):
+            sys.modules.pop(name, None)
 
 
 def test_notes_say_where_the_check_ran_and_what_stood_in_for_the_device():

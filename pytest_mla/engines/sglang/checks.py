@@ -145,10 +145,9 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     reason = not_runnable(cell, decode_backend, host_arch)
     emulate = reason is not None and decode_backend in EMULATED
     if platform is not None:  # another platform's cell, resolved in its child: its check runs there
-        from .platform_check import PLATFORM_CHECKS, unrunnable_reason
+        from .platform_check import PLATFORM_CHECKS
 
-        emulate = False
-        reason = unrunnable_reason(cell, decode_backend, platform, kv_cache_dtype)
+        emulate, reason = False, None
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
     # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md

@@ -33,7 +33,7 @@ from ...core.cells import platform_of
 from ..common.shared_scope import SharedScope
 from ..common.sources import source_of
 
-__all__ = ["PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "notes", "scope", "unrunnable_reason"]
+__all__ = ["FP8_PROBES", "PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "notes", "scope"]
 
 #: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``.
 PLATFORM_CHECKS = {"rocm": ("triton", "torch_native"), "cpu": ("triton", "torch_native"),
@@ -44,15 +44,6 @@ PLATFORM_LABELS = {"rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
 _CHECK_PATH = ("sglang.kernels.ops.attention.", "sglang.srt.layers.attention.", "sglang.srt.mem_cache.",
                "sglang.srt.layers.dcp.", "sglang.srt.layers.radix_attention.", "sglang.srt.models.deepseek_common.")
 _shared = SharedScope("sglang platform checks")
-
-
-def unrunnable_reason(cell: Any, decode_backend: str, platform: str, kv_cache_dtype: str) -> str | None:
-    """Why a cell of ``platform`` whose decode backend has a platform check still cannot run it (None: it can).
-
-    Every such cell runs today: ROCm's fp8 caches (its platform fp8 type, e4m3fnuz on gfx942) are
-    built as SGLang resolves them for the cell's arch (``pools._rocm_kv_dtype``).
-    """
-    return None
 
 
 def notes(options: Mapping[str, Any], changed: list[str]) -> tuple[str, ...]:
@@ -110,7 +101,6 @@ def _stated(rc: Any, arch: str) -> Iterator[list[str]]:
 #: SGLang's fp8-format probe (``kernels/ops/quantization/fp8_kernel.py``: ``"gfx94" in gcnArchName`` on
 #: ROCm, behind an ``lru_cache``) and the module that defines the platform fp8 type from it at load.
 FP8_PROBES = ("is_fp8_fnuz",)
-_FP8_MODULE = "sglang.kernels.ops.quantization.fp8_kernel"
 
 
 @contextlib.contextmanager
@@ -122,7 +112,7 @@ def derived_constants(probes: tuple[str, ...]) -> Iterator[list[str]]:
     same way (``fp8_kernel.py``: ``if is_fp8_fnuz(): fp8_dtype = torch.float8_e4m3fnuz``), and a
     changed torch dtype or float is rebound wherever another module imported it under its name
     (``from ...fp8_kernel import fp8_dtype``: ``mem_cache/kv_cache_dtype.py``). ``is_fp8_fnuz``'s
-    cache is emptied on entry and on exit, so that it answers the active arch.
+    cache (any probe's ``lru_cache``) is emptied on entry and on exit, so that it answers the active arch.
 
     Yields ``module.NAME`` of each constant that changed.
     """
@@ -130,7 +120,7 @@ def derived_constants(probes: tuple[str, ...]) -> Iterator[list[str]]:
 
     saved: list[tuple[types.ModuleType, str, Any]] = []
     changed: list[str] = []
-    _forget_fp8_probe()
+    _forget_cached_probes(probes)
     try:
         for name, module in list(sys.modules.items()):
             if module is None or not (name == "sglang" or name.startswith("sglang.")):
@@ -159,7 +149,7 @@ def derived_constants(probes: tuple[str, ...]) -> Iterator[list[str]]:
     finally:
         for module, target, old in reversed(saved):
             setattr(module, target, old)
-        _forget_fp8_probe()
+        _forget_cached_probes(probes)
 
 
 def _rebind_imported(target: str, old: Any, value: Any, home: types.ModuleType,
@@ -176,11 +166,17 @@ def _rebind_imported(target: str, old: Any, value: Any, home: types.ModuleType,
     return rebound
 
 
-def _forget_fp8_probe() -> None:
-    probe = getattr(sys.modules.get(_FP8_MODULE), "is_fp8_fnuz", None)
-    clear = getattr(probe, "cache_clear", None)
-    if clear is not None:
-        clear()
+def _forget_cached_probes(probes: tuple[str, ...]) -> None:
+    """Empty the ``lru_cache`` of each probe that has one (``is_fp8_fnuz``), wherever SGLang defines it."""
+    cleared: set[int] = set()
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "sglang" or name.startswith("sglang.")):
+            continue
+        for probe in probes:
+            clear = getattr(vars(module).get(probe), "cache_clear", None)
+            if clear is not None and id(clear) not in cleared:
+                cleared.add(id(clear))
+                clear()
 
 
 _PLAIN = (bool, int, float, str, type(None))
