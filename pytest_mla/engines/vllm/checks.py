@@ -516,9 +516,10 @@ def _set_kv_scales(layer: Any, kv_scale: float | None) -> None:
     ``process_weights_after_loading`` copies the checkpoint's ``k_scale`` /
     ``v_scale`` into ``_k_scale`` / ``_v_scale`` and their floats (doubled on
     an e4m3fnuz platform: ``_loaded_kv_scale``); a checkpoint without them
-    leaves 1.0. The query scale stays 1.0 (vLLM sets it to ``k_scale`` for a
-    checkpoint without ``q_scale``; the checks' FP8-query paths do not model
-    that yet).
+    leaves 1.0. The query scale stays 1.0, as vLLM leaves it for a checkpoint
+    without ``q_scale``: ``process_weights_after_loading`` first copies
+    ``k_scale`` into ``_q_scale`` (kv_cache.py 0.34.0:140-147), then sets it
+    from ``q_scale``, 1.0 when the checkpoint has none (:183-190).
     """
     kv_scale = _loaded_kv_scale(kv_scale)
     if kv_scale is None:
