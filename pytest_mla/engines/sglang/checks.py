@@ -150,6 +150,7 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         emulate, reason = False, None
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
+        platform_ops = platform_emulations(cell, model, platform, decode_backend)
     # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md
     if (reason is None or emulate) and getattr(model, "index_topk", 0):
         reason = (f"SGLang serves {cell.model}, a DeepSeek DSA checkpoint, with its DSA KV pool and its indexer's "
@@ -180,6 +181,7 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         # platform's cell in that platform's child under its own arch (``platform_check``)
         ("arch", cell.arch if emulate or platform is not None else None),
         ("platform", platform),
+        ("platform_emulations", platform_ops if platform is not None else ()),
     )
     case = [("h_q", num_heads * dcp), ("page_size", int(page_size)), ("kv_dtype", str(kv_cache_dtype)),
             ("min_seqlen", 1)]
@@ -191,10 +193,34 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     method = "forward_extend" if spec.enabled else "forward_decode"
     name = _class_of(decode_backend)
     return KernelSpec(
-        name=decode_backend, target=TARGET, protocol="engine", level="emulated" if emulate else "backend",
+        name=decode_backend, target=TARGET, protocol="engine",
+        level="emulated" if emulate or (platform is not None and platform_ops) else "backend",
         package=PACKAGE, function=f"{backend_module(decode_backend)}:{name}.{method}", options=options,
         case=tuple(case), returns_lse=False, fp8_dots=decode_backend in INTERPRETED,
     ), ""
+
+
+#: Compiled ops of a platform's own sgl_kernel build that a platform check's path calls, with an emulation in
+#: ``kernels.emulated`` (used where this host's torch lacks the op): (platform, arch, MLA model?) -> ops.
+#: ``cpu_amx``: a GQA pool's writes (``memory_pool._set_kv_buffer_impl``: ``_is_cpu and _cpu_has_amx_support``),
+#: except TritonAttnBackend's under DCP, which go through the pool's masked path (``_set_kv_buffer``,
+#: triton_backend.py ``if self.dcp_size > 1``) and never reach the op.
+PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",)}
+
+
+def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: str) -> tuple[str, ...]:
+    """The ops of ``PLATFORM_OPS`` the cell's platform check calls and this host's torch does not have."""
+    import torch
+
+    if decode_backend == "triton" and int(cell.dcp) > 1:
+        return ()
+    ops = PLATFORM_OPS.get((platform, str(cell.arch), bool(model.mla)), ())
+    missing = []
+    for op in ops:
+        namespace, _, name = op.removeprefix("torch.ops.").partition(":")
+        if not hasattr(getattr(torch.ops, namespace), name):
+            missing.append(op)
+    return tuple(missing)
 
 
 def not_runnable(cell: Any, decode_backend: str, host_arch: str | None) -> str | None:
@@ -285,6 +311,7 @@ def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, A
     """
     import dataclasses
 
+    from ...kernels.emulated.glue import OutOfContractError, OutOfRangeRead
     from ...kernels.engine_runner import EngineCannotRun
     from ..common.gpu_steps import GpuStep
     from . import platform_check
@@ -296,8 +323,18 @@ def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, A
                               f"that loaded SGLang on it; this one loaded it for {loaded_platform()} (with "
                               "--mla-dcp-mode=distributed each rank is such a process: use in-process DCP)")
     try:
-        with platform_check.scope(engine.rc, options["arch"]) as changed:
+        with platform_check.scope(engine.rc, options["arch"]) as changed, \
+                platform_check.emulations(options.get("platform_emulations") or ()) as log:
             result = _run_rank(engine, inputs, ctx, options, None)
+        if log is not None:
+            result = dataclasses.replace(result, emulated=tuple(log.called), notes=tuple(result.notes) + (
+                "the platform's compiled ops " + ", ".join(log.called) + " ran as their emulations (kernels/emulated: "
+                "this host's torch lacks the platform's sgl_kernel build); everything else ran as on the platform",))
+    except OutOfRangeRead:
+        raise  # SGLang handed an op an index outside the cache: its bug
+    except OutOfContractError as exc:
+        raise EngineCannotRun(f"SGLang's {options['backend']} on the {options['platform']} platform "
+                              f"({options['arch']}) called a platform op outside its emulation's contract: {exc}") from None
     except GpuStep as step:
         raise EngineCannotRun(f"SGLang's {options['backend']} on the {options['platform']} platform "
                               f"({options['arch']}) calls {step.what}") from None

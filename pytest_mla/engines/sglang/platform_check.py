@@ -33,7 +33,7 @@ from ...core.cells import platform_of
 from ..common.shared_scope import SharedScope
 from ..common.sources import source_of
 
-__all__ = ["FP8_PROBES", "PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "notes", "scope"]
+__all__ = ["FP8_PROBES", "PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "emulations", "notes", "scope"]
 
 #: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``.
 PLATFORM_CHECKS = {"rocm": ("triton", "torch_native"), "cpu": ("triton", "torch_native"),
@@ -44,6 +44,17 @@ PLATFORM_LABELS = {"rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
 _CHECK_PATH = ("sglang.kernels.ops.attention.", "sglang.srt.layers.attention.", "sglang.srt.mem_cache.",
                "sglang.srt.layers.dcp.", "sglang.srt.layers.radix_attention.", "sglang.srt.models.deepseek_common.")
 _shared = SharedScope("sglang platform checks")
+_emulated_ops = SharedScope("sglang platform ops emulated")
+
+
+def emulations(names: tuple[str, ...]) -> contextlib.AbstractContextManager[Any]:
+    """The platform ops ``names`` emulated for one check, shared by its in-process DCP ranks (yields the
+    installation's ``CallLog``; None when there are none)."""
+    if not names:
+        return contextlib.nullcontext(None)
+    from ...kernels.emulated.install import emulations_installed
+
+    return _emulated_ops.enter(tuple(names), lambda: emulations_installed(names))
 
 
 def notes(options: Mapping[str, Any], changed: list[str]) -> tuple[str, ...]:
