@@ -202,23 +202,35 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
 
 #: Compiled ops of a platform's own sgl_kernel build that a platform check's path calls, with an emulation in
 #: ``kernels.emulated`` (used where this host's torch lacks the op): (platform, arch, MLA model?) -> ops.
-#: ``cpu_amx``: a GQA pool's writes (``memory_pool._set_kv_buffer_impl``: ``_is_cpu and _cpu_has_amx_support``),
-#: except TritonAttnBackend's under DCP, which go through the pool's masked path (``_set_kv_buffer``,
+#: ``cpu_amx`` and ``xpu``: a GQA pool's writes (``memory_pool._set_kv_buffer_impl``: ``_is_cpu and
+#: _cpu_has_amx_support``, ``_is_xpu``), except TritonAttnBackend's under DCP, which go through the pool's masked path (``_set_kv_buffer``,
 #: triton_backend.py ``if self.dcp_size > 1``) and never reach the op.
-PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",)}
+PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",),
+                ("xpu", "xpu", False): ("sgl_kernel:store_cache_xpu",)}
 
 
 def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: str) -> tuple[str, ...]:
-    """The ops of ``PLATFORM_OPS`` the cell's platform check calls and this host's torch does not have."""
+    """The ops of ``PLATFORM_OPS`` the cell's platform check calls and this host does not have."""
+    import importlib
+
     import torch
 
     if decode_backend == "triton" and int(cell.dcp) > 1:
         return ()
+    from ..common.gpu_steps import _KernelName
+
     ops = PLATFORM_OPS.get((platform, str(cell.arch), bool(model.mla)), ())
     missing = []
     for op in ops:
-        namespace, _, name = op.removeprefix("torch.ops.").partition(":")
-        if not hasattr(getattr(torch.ops, namespace), name):
+        path, _, name = op.partition(":")
+        if path.startswith("torch.ops."):
+            present = hasattr(getattr(torch.ops, path.removeprefix("torch.ops.")), name)
+        else:  # a kernel library's function: absent, or the platform child's import stub of it
+            try:
+                present = not isinstance(getattr(importlib.import_module(path), name), _KernelName)
+            except (ImportError, AttributeError):
+                present = False
+        if not present:
             missing.append(op)
     return tuple(missing)
 
@@ -329,7 +341,7 @@ def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, A
         if log is not None:
             result = dataclasses.replace(result, emulated=tuple(log.called), notes=tuple(result.notes) + (
                 "the platform's compiled ops " + ", ".join(log.called) + " ran as their emulations (kernels/emulated: "
-                "this host's torch lacks the platform's sgl_kernel build); everything else ran as on the platform",))
+                "this host lacks the platform's sgl_kernel build); everything else ran as on the platform",))
     except OutOfRangeRead:
         raise  # SGLang handed an op an index outside the cache: its bug
     except OutOfContractError as exc:

@@ -52,9 +52,37 @@ def emulations(names: tuple[str, ...]) -> contextlib.AbstractContextManager[Any]
     installation's ``CallLog``; None when there are none)."""
     if not names:
         return contextlib.nullcontext(None)
-    from ...kernels.emulated.install import emulations_installed
+    return _emulated_ops.enter(tuple(names), lambda: _installed(tuple(names)))
 
-    return _emulated_ops.enter(tuple(names), lambda: emulations_installed(names))
+
+@contextlib.contextmanager
+def _installed(names: tuple[str, ...]) -> Iterator[Any]:
+    """``emulations_installed(names)``, and every SGLang binding of one of them to the child's kernel-library
+    stub (``from sgl_kernel import store_cache_xpu`` when the module loaded) pointed at the emulation."""
+    import importlib
+
+    from ...kernels.emulated.install import emulations_installed
+    from ..common.gpu_steps import _KernelName
+
+    with emulations_installed(names) as log:
+        wanted = {}
+        for name in names:
+            path, _, attr = name.partition(":")
+            if not path.startswith("torch.ops."):
+                wanted[f"{path}.{attr}"] = getattr(importlib.import_module(path), attr)
+        saved: list[tuple[types.ModuleType, str, Any]] = []
+        try:
+            for module_name, module in list(sys.modules.items()):
+                if module is None or not (module_name == "sglang" or module_name.startswith("sglang.")):
+                    continue
+                for key, value in list(vars(module).items()):
+                    if isinstance(value, _KernelName) and object.__getattribute__(value, "_mla_path") in wanted:
+                        saved.append((module, key, value))
+                        setattr(module, key, wanted[object.__getattribute__(value, "_mla_path")])
+            yield log
+        finally:
+            for module, key, value in reversed(saved):
+                setattr(module, key, value)
 
 
 def notes(options: Mapping[str, Any], changed: list[str]) -> tuple[str, ...]:

@@ -1,10 +1,9 @@
-"""sgl-kernel's CPU KV-cache write (``torch.ops.sgl_kernel.store_cache_cpu``), emulated.
+"""sgl-kernel's KV-cache writes of its CPU and XPU builds (``store_cache_cpu``, ``store_cache_xpu``), emulated.
 
-The cases are SGLang's own CPU test of the op: ``[batch, heads, head_size]``
-rows (bf16, fp16, and uint8 for an fp8 cache stored as bytes) written at
-random slots of a ``[slots, heads, head_size]`` cache; the expectation is a
-plain loop over the rows, and every slot not written keeps its NaN (or its
-poison byte).
+The cases are the libraries' own tests of the ops: ``[batch, heads, head_size]``
+rows (bf16, fp16, and uint8 for an fp8 cache stored as bytes on the CPU)
+written at random slots of a cache; the expectation is a plain loop over the
+rows, and every slot not written keeps its NaN (or its poison byte).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import torch
 
 from pytest_mla.kernels.emulated import EMULATIONS
 from pytest_mla.kernels.emulated.glue import OutOfRangeRead
-from pytest_mla.kernels.emulated.sgl_kernel_cpu import store_cache_cpu
+from pytest_mla.kernels.emulated.sgl_kernel_platforms import store_cache_cpu, store_cache_xpu
 
 SLOTS = 64
 
@@ -90,5 +89,61 @@ def test_a_slot_outside_the_cache_is_a_write_the_op_would_make_into_foreign_memo
     assert bool(k_cache.isnan().all())  # checked before anything is written
 
 
-def test_registered_under_the_ops_qualified_name():
+def test_registered_under_the_ops_qualified_names():
     assert EMULATIONS["torch.ops.sgl_kernel:store_cache_cpu"] is store_cache_cpu
+    assert EMULATIONS["sgl_kernel:store_cache_xpu"] is store_cache_xpu
+
+
+# ---- store_cache_xpu: 2-D rows, int64 slots, a negative slot skipped --------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_xpu_rows_land_at_their_slots_and_a_negative_slot_is_skipped(dtype):
+    g = torch.Generator().manual_seed(11)
+    k, v = rows((6, 256), dtype, g), rows((6, 256), dtype, g)
+    k_cache, v_cache = poisoned_cache((SLOTS, 256), dtype), poisoned_cache((SLOTS, 256), dtype)
+    slots = torch.tensor([5, -1, 40, 0, -1, 63])
+    assert store_cache_xpu(k, v, k_cache, v_cache, slots) is None
+    for b, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            assert torch.equal(k_cache[slot], k[b]) and torch.equal(v_cache[slot], v[b])
+    untouched = torch.tensor([s for s in range(SLOTS) if s not in (5, 40, 0, 63)])
+    assert bool(k_cache[untouched].isnan().all()) and bool(v_cache[untouched].isnan().all())
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda a: a.update(indices=a["indices"].to(torch.int32)), "indices must be int64"),
+    (lambda a: a.update(k=a["k"].reshape(3, 4, 64), v=a["v"].reshape(3, 4, 64)), "k must be 2D [num_tokens, row_dim]"),
+    (lambda a: a.update(v=a["v"][:2]), "v shape must match k shape"),
+    (lambda a: a.update(k_cache=a["k_cache"][:, :128], v_cache=a["v_cache"][:, :128].contiguous()),
+     "k_cache must be contiguous"),
+    (lambda a: a.update(v_cache=a["v_cache"].half()), "k and v_cache must have the same dtype"),
+    (lambda a: [a.update({n: a[n].to(torch.int16)}) for n in ("k", "v", "k_cache", "v_cache")],
+     "\"store_cache_xpu\" not implemented for 'torch.int16'"),
+])
+def test_the_xpu_ops_own_checks_raise_as_it_does(change, message):
+    g = torch.Generator().manual_seed(13)
+    args = dict(k=rows((3, 256), torch.bfloat16, g), v=rows((3, 256), torch.bfloat16, g),
+                k_cache=poisoned_cache((SLOTS, 256), torch.bfloat16), v_cache=poisoned_cache((SLOTS, 256), torch.bfloat16),
+                indices=torch.tensor([1, 2, 3]))
+    change(args)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        store_cache_xpu(**args)
+
+
+def test_xpu_uint8_rows_of_an_fp8_cache_are_not_modelled():
+    from pytest_mla.kernels.emulated.glue import OutOfContractError
+
+    k = torch.zeros((2, 64), dtype=torch.uint8)
+    with pytest.raises(OutOfContractError, match="dtype: uint8 rows"):
+        store_cache_xpu(k, k.clone(), torch.zeros((SLOTS, 64), dtype=torch.uint8),
+                        torch.zeros((SLOTS, 64), dtype=torch.uint8), torch.tensor([0, 1]))
+
+
+def test_an_xpu_slot_past_the_cache_is_a_foreign_write():
+    g = torch.Generator().manual_seed(17)
+    k = rows((2, 64), torch.bfloat16, g)
+    k_cache = poisoned_cache((SLOTS, 64), torch.bfloat16)
+    with pytest.raises(OutOfRangeRead, match="would write"):
+        store_cache_xpu(k, k.clone(), k_cache, k_cache.clone(), torch.tensor([3, SLOTS]))
+    assert bool(k_cache.isnan().all())
