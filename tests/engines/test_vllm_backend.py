@@ -229,6 +229,28 @@ def test_faults_in_vllms_code_fail_rocm_xpu_and_cpu_cells_in_their_platform_proc
     assert rows["none:llama-decode-gfx950"]["status"] == "verified", rows["none:llama-decode-gfx950"]
 
 
+def test_rocm_attn_runs_its_triton_paths_in_the_rocm_process_and_a_scale_fault_fails_them():
+    """`auto` on ROCm resolves GQA models to ROCM_ATTN: its decode (Triton ``kernel_paged_attention_2d``) and
+    its verify rows (Triton ``context_attention_fwd``, fp8 cache) verify at level backend in the ROCm child; the
+    softmax scale × 1.05 into ``chunked_prefill_paged_decode`` fails both. Where vLLM picks ROCm's HIP paged
+    attention (128-wide heads, blocks of 16, CDNA) the cell is not-run naming that op."""
+    rows = drive(".venv-vllm", "none:llama-rocm-attn-gfx942", "none:mqa96-rocm-attn-fp8-chain-gfx950",
+                 "rocm-attn-scale-x1.05:llama-rocm-attn-gfx942", "rocm-attn-scale-x1.05:mqa96-rocm-attn-fp8-chain-gfx950",
+                 "none:llama-rocm-attn-page16-gfx942")
+    ops = "vllm.v1.attention.ops."
+    for case in ("llama-rocm-attn-gfx942", "mqa96-rocm-attn-fp8-chain-gfx950"):
+        row = rows[f"none:{case}"]
+        assert row["status"] == "verified" and row["level"] == "backend" and not row["emulated"], row
+        assert row["function"] == "vllm.v1.attention.backends.rocm_attn:RocmAttentionImpl.forward", row
+        assert ops + "chunked_prefill_paged_decode:kernel_paged_attention_2d" in row["functions"], row
+        faulted = rows[f"rocm-attn-scale-x1.05:{case}"]
+        assert faulted["status"] == "failed" and not faulted["finding"] and "beyond abs" in faulted["message"], faulted
+    assert ops + "prefix_prefill:context_attention_fwd" in rows["none:mqa96-rocm-attn-fp8-chain-gfx950"]["functions"]
+    hip = rows["none:llama-rocm-attn-page16-gfx942"]
+    assert hip["status"] == "not-run", hip
+    assert "torch.ops._rocm_C.paged_attention (from vllm._custom_ops:paged_attention_rocm)" in hip["reason"], hip
+
+
 def test_faults_in_vllms_code_fail_cpu_attn_and_amx_mla_cells_in_the_cpu_process():
     """CPU_ATTN (GQA) and AMX_MLA run vLLM's own impls in the CPU child, their torch.ops._C emulated: verified
     unfaulted; a scale × 1.05 or a wrong row map in vLLM's Python fails them. cpu and cpu_amx take different

@@ -45,6 +45,8 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
     "AMX_MLA": ("torch.ops._C:convert_weight_packed", "torch.ops._C:bmm_cpu", "torch.ops._C:decode_attention_cpu"),
     # GQA models (``checks.run_attn``)
     "TRITON_ATTN": (),
+    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
+    "ROCM_ATTN": (),
     "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
     # the CPU platform: its builder schedules, the model runner's cache update writes, the impl attends
     "CPU_ATTN": ("torch.ops._C:get_scheduler_metadata", "torch.ops._C:cpu_attn_reshape_and_cache",
@@ -85,6 +87,8 @@ _REAL_OPS = {
     "TOKENSPEED_MLA": ("tokenspeed_mla",),
     "TRITON_MLA": (),
     "TRITON_ATTN": (),
+    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
+    "ROCM_ATTN": (),
     "FLASH_ATTN": (("_vllm_fa3_C", "fwd"),),
 }
 _PREFILL_OPS = (("_vllm_fa3_C", "fwd"), ("_C_cache_ops", "cp_gather_cache"), ("_C", "merge_attn_states"))
