@@ -251,6 +251,26 @@ def test_rocm_attn_runs_its_triton_paths_in_the_rocm_process_and_a_scale_fault_f
     assert "torch.ops._rocm_C.paged_attention (from vllm._custom_ops:paged_attention_rocm)" in hip["reason"], hip
 
 
+def test_rocm_and_xpu_mla_prefill_rows_stay_not_run_naming_the_platform_library_calls(tmp_path):
+    """TRITON_MLA's DCP verify rows go to vLLM's MLA prefill path; on ROCm it calls the upstream flash-attention
+    package's varlen (CK) and HIP ops, on XPU vllm-xpu-kernels' varlen: not-run, each callable named."""
+    python = venv_python(".venv-vllm")
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=deepseek-v2-lite",
+                        "--mla-select=backend=TRITON_MLA", "--mla-select=dcp=2", "--mla-select=spec=eagle-1x3",
+                        "--mla-select=arch=gfx942,xpu", "--mla-select=page_size=16", "--mla-select=kv_dtype=auto",
+                        "-n", "0", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("vllm-*[0-9].json")))["cells"]}
+    rocm = cells["deepseek-v2-lite/TRITON_MLA/dcp2/eagle-1x3/gfx942/kv-auto/page16"]["kernel"]
+    xpu = cells["deepseek-v2-lite/TRITON_MLA/dcp2/eagle-1x3/xpu/kv-auto/page16"]["kernel"]
+    assert rocm["status"] == xpu["status"] == "not-run", (rocm, xpu)
+    prefill = "its MLA prefill path (vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha)"
+    assert prefill in rocm["reason"] and prefill in xpu["reason"], (rocm, xpu)
+    assert ("calls flash_attn:flash_attn_varlen_func, vllm._custom_ops:cp_gather_cache, "
+            "vllm._custom_ops:gather_and_maybe_dequant_cache, vllm._custom_ops:merge_attn_states") in rocm["reason"], rocm
+    assert "calls vllm._xpu_ops:xpu_ops.flash_attn_varlen_func" in xpu["reason"], xpu
+
+
 def test_faults_in_vllms_code_fail_cpu_attn_and_amx_mla_cells_in_the_cpu_process():
     """CPU_ATTN (GQA) and AMX_MLA run vLLM's own impls in the CPU child, their torch.ops._C emulated: verified
     unfaulted; a scale × 1.05 or a wrong row map in vLLM's Python fails them. cpu and cpu_amx take different

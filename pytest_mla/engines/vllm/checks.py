@@ -900,8 +900,8 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
     if kernel_source.calls_of(name, path, platform) and path != "decode" \
             and (platform, name) not in kernel_source.PLATFORM_PREFILL:
         return None, (f"vLLM's {name} on the {platform} platform ({cell.arch}) sends these rows to its MLA "
-                      f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), whose "
-                      "compiled calls on this platform have no check yet")
+                      f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), "
+                      + kernel_source.platform_prefill_reason(platform))
     return _mla_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
 
 
