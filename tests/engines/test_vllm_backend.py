@@ -206,7 +206,8 @@ def test_rocm_and_xpu_cells_run_their_triton_backends_in_their_platform_process(
                 in kernel["notes"]), kernel["notes"]
     assert DECODE in cells[verified[0]]["kernel"]["functions"]
     assert "vllm.v1.attention.ops.triton_unified_attention:unified_attention" in cells[verified[4]]["kernel"]["functions"]
-    assert cells["llama-3.1-8b/TRITON_ATTN/dcp1/none/xpu/kv-auto/page16"]["kernel"]["status"] == "not-run"
+    xpu_attn = cells["llama-3.1-8b/TRITON_ATTN/dcp1/none/xpu/kv-auto/page16"]  # its TD path: a declared finding
+    assert xpu_attn["kernel"]["status"] == "failed" and xpu_attn["verdict"] == "xfail", xpu_attn
 
 
 def test_faults_in_vllms_code_fail_rocm_xpu_and_cpu_cells_in_their_platform_process():
@@ -269,6 +270,20 @@ def test_rocm_and_xpu_mla_prefill_rows_stay_not_run_naming_the_platform_library_
     assert ("calls flash_attn:flash_attn_varlen_func, vllm._custom_ops:cp_gather_cache, "
             "vllm._custom_ops:gather_and_maybe_dequant_cache, vllm._custom_ops:merge_attn_states") in rocm["reason"], rocm
     assert "calls vllm._xpu_ops:xpu_ops.flash_attn_varlen_func" in xpu["reason"], xpu
+
+
+def test_xpu_triton_attn_runs_its_tensor_descriptor_path_which_reads_past_the_sequence_end():
+    """On XPU TRITON_ATTN loads its KV tiles through tensor descriptors (``use_td``): the whole tile of a
+    sequence's last block, V rows past its end included, goes into ``P @ V`` unmasked, so the NaN the check
+    keeps in unused cache slots reaches the output (0 * NaN) and the cell fails; vLLM's own switch
+    ``VLLM_TRITON_USE_TD=0`` (masked pointer loads) verifies the same cell in the same XPU child."""
+    rows = drive(".venv-vllm", "none:llama-decode-xpu", "triton-td-off:llama-decode-xpu")
+    td = rows["none:llama-decode-xpu"]
+    assert td["status"] == "failed" and td["level"] == "backend" and not td["finding"], td
+    assert "NaN position(s) differ" in td["message"], td
+    assert "vllm.v1.attention.ops.triton_unified_attention:unified_attention" in td["functions"], td
+    plain = rows["triton-td-off:llama-decode-xpu"]
+    assert plain["status"] == "verified" and plain["level"] == "backend", plain
 
 
 def test_faults_in_vllms_code_fail_cpu_attn_and_amx_mla_cells_in_the_cpu_process():

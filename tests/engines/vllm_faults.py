@@ -50,6 +50,10 @@ Faults (what a buggy release could ship):
 * ``tokenspeed-lse-natural``: vLLM's ``TokenspeedMLAImpl`` declares its
   kernel's LSE natural-log (``lse_base_on_e = True``; TokenSpeed's is base 2),
   so the DCP merge weighs the ranks wrongly (vLLM PR 47079's bug class).
+* ``triton-td-off`` (not a fault): ``VLLM_TRITON_USE_TD=0`` for the check,
+  vLLM's own switch that turns TRITON_ATTN's tensor-descriptor loads off
+  (on by default on XPU): ``unified_attention`` loads its KV tiles with
+  masked pointer loads instead.
 * ``library-present`` (not a fault): FlashMLA's compiled op is present, as
   on a GPU host (see ``library_present``): the check runs at level
   ``backend`` with nothing emulated.
@@ -94,6 +98,7 @@ CASES = {
     "v2lite-decode-gfx942": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "gfx942"),
     "v2lite-decode-xpu": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "xpu"),
     "llama-decode-gfx950": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16, "gfx950"),
+    "llama-decode-xpu": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16, "xpu"),
     # `auto` on ROCm resolves GQA models to ROCM_ATTN: Triton at blocks of 64, and for 96-wide heads;
     # ROCm's HIP paged attention (not in this host's vLLM) for 128-wide heads at blocks of 16
     "llama-rocm-attn-gfx942": ("llama-3.1-8b", "auto", "none", 1, "auto", 64, "gfx942"),
@@ -306,6 +311,17 @@ def injected(fault: str) -> Iterator[None]:
     """Replace one vLLM function, and every vLLM module's binding of it, for the block."""
     if fault == "none":
         yield
+        return
+    if fault == "triton-td-off":
+        saved = os.environ.get("VLLM_TRITON_USE_TD")
+        os.environ["VLLM_TRITON_USE_TD"] = "0"  # read when TritonAttentionImpl is built (vllm.envs, uncached)
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["VLLM_TRITON_USE_TD"]
+            else:
+                os.environ["VLLM_TRITON_USE_TD"] = saved
         return
     if fault == "library-present":
         from pytest_mla.engines.vllm import checks as vllm_backend

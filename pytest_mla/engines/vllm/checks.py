@@ -874,9 +874,9 @@ def _path_of(cell: Any, startup: Any) -> str:
     return "prefill" if s_q > startup.builder.reorder_batch_threshold else "decode"
 #: Backends of another platform whose check runs in that platform's child process (the
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
-#: Not XPU's TRITON_ATTN: on XPU it loads through Triton tensor descriptors (``use_td``), which
-#: this project's interpreter fixes do not pass through (``_install_int1_mask``'s ``cache_policy``).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN"), "xpu": ("TRITON_MLA",),
+#: XPU's TRITON_ATTN loads its KV tiles through Triton tensor descriptors (``use_td``, on by default
+#: there), which the interpreter runs as masked loads (``interpreter.int1_mask_fix`` passes them through).
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN"), "xpu": ("TRITON_MLA", "TRITON_ATTN"),
                    "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
 
 
