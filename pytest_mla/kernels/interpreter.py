@@ -143,11 +143,12 @@ def _install_int1_mask() -> Callable[[], None]:
             return handle
         return TensorHandle(handle.data != 0, tl.int1)
 
-    def masked_load(self: Any, ptrs: Any, mask: Any, other: Any, cache: Any, volatile: Any) -> Any:
-        return load(self, ptrs, as_bool(mask), other, cache, volatile)
+    # Triton's own parameter names: its tensor-descriptor loads (``create_descriptor_load``) pass them by keyword.
+    def masked_load(self: Any, ptrs: Any, mask: Any, other: Any, cache_policy: Any, is_volatile: Any) -> Any:
+        return load(self, ptrs, as_bool(mask), other, cache_policy, is_volatile)
 
-    def masked_store(self: Any, ptrs: Any, value: Any, mask: Any, cache: Any) -> Any:
-        return store(self, ptrs, value, as_bool(mask), cache)
+    def masked_store(self: Any, ptrs: Any, value: Any, mask: Any, cache_policy: Any) -> Any:
+        return store(self, ptrs, value, as_bool(mask), cache_policy)
 
     InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store = masked_load, masked_store
 

@@ -206,7 +206,8 @@ def test_rocm_and_xpu_cells_run_their_triton_backends_in_their_platform_process(
                 in kernel["notes"]), kernel["notes"]
     assert DECODE in cells[verified[0]]["kernel"]["functions"]
     assert "vllm.v1.attention.ops.triton_unified_attention:unified_attention" in cells[verified[4]]["kernel"]["functions"]
-    assert cells["llama-3.1-8b/TRITON_ATTN/dcp1/none/xpu/kv-auto/page16"]["kernel"]["status"] == "not-run"
+    xpu_attn = cells["llama-3.1-8b/TRITON_ATTN/dcp1/none/xpu/kv-auto/page16"]  # its TD path: a declared finding
+    assert xpu_attn["kernel"]["status"] == "failed" and xpu_attn["verdict"] == "xfail", xpu_attn
 
 
 def test_faults_in_vllms_code_fail_rocm_xpu_and_cpu_cells_in_their_platform_process():
@@ -227,6 +228,62 @@ def test_faults_in_vllms_code_fail_rocm_xpu_and_cpu_cells_in_their_platform_proc
         row = rows[scenario]
         assert row["status"] == "failed" and not row["finding"] and "beyond abs" in row["message"], row
     assert rows["none:llama-decode-gfx950"]["status"] == "verified", rows["none:llama-decode-gfx950"]
+
+
+def test_rocm_attn_runs_its_triton_paths_in_the_rocm_process_and_a_scale_fault_fails_them():
+    """`auto` on ROCm resolves GQA models to ROCM_ATTN: its decode (Triton ``kernel_paged_attention_2d``) and
+    its verify rows (Triton ``context_attention_fwd``, fp8 cache) verify at level backend in the ROCm child; the
+    softmax scale × 1.05 into ``chunked_prefill_paged_decode`` fails both. Where vLLM picks ROCm's HIP paged
+    attention (128-wide heads, blocks of 16, CDNA) the cell is not-run naming that op."""
+    rows = drive(".venv-vllm", "none:llama-rocm-attn-gfx942", "none:mqa96-rocm-attn-fp8-chain-gfx950",
+                 "rocm-attn-scale-x1.05:llama-rocm-attn-gfx942", "rocm-attn-scale-x1.05:mqa96-rocm-attn-fp8-chain-gfx950",
+                 "none:llama-rocm-attn-page16-gfx942")
+    ops = "vllm.v1.attention.ops."
+    for case in ("llama-rocm-attn-gfx942", "mqa96-rocm-attn-fp8-chain-gfx950"):
+        row = rows[f"none:{case}"]
+        assert row["status"] == "verified" and row["level"] == "backend" and not row["emulated"], row
+        assert row["function"] == "vllm.v1.attention.backends.rocm_attn:RocmAttentionImpl.forward", row
+        assert ops + "chunked_prefill_paged_decode:kernel_paged_attention_2d" in row["functions"], row
+        faulted = rows[f"rocm-attn-scale-x1.05:{case}"]
+        assert faulted["status"] == "failed" and not faulted["finding"] and "beyond abs" in faulted["message"], faulted
+    assert ops + "prefix_prefill:context_attention_fwd" in rows["none:mqa96-rocm-attn-fp8-chain-gfx950"]["functions"]
+    hip = rows["none:llama-rocm-attn-page16-gfx942"]
+    assert hip["status"] == "not-run", hip
+    assert "torch.ops._rocm_C.paged_attention (from vllm._custom_ops:paged_attention_rocm)" in hip["reason"], hip
+
+
+def test_rocm_and_xpu_mla_prefill_rows_stay_not_run_naming_the_platform_library_calls(tmp_path):
+    """TRITON_MLA's DCP verify rows go to vLLM's MLA prefill path; on ROCm it calls the upstream flash-attention
+    package's varlen (CK) and HIP ops, on XPU vllm-xpu-kernels' varlen: not-run, each callable named."""
+    python = venv_python(".venv-vllm")
+    result = run_matrix(python, MATRIX, tmp_path, "--mla-kernel=auto", "--mla-select=model=deepseek-v2-lite",
+                        "--mla-select=backend=TRITON_MLA", "--mla-select=dcp=2", "--mla-select=spec=eagle-1x3",
+                        "--mla-select=arch=gfx942,xpu", "--mla-select=page_size=16", "--mla-select=kv_dtype=auto",
+                        "-n", "0", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cells = {c["id"]: c for c in read_results(next(tmp_path.glob("vllm-*[0-9].json")))["cells"]}
+    rocm = cells["deepseek-v2-lite/TRITON_MLA/dcp2/eagle-1x3/gfx942/kv-auto/page16"]["kernel"]
+    xpu = cells["deepseek-v2-lite/TRITON_MLA/dcp2/eagle-1x3/xpu/kv-auto/page16"]["kernel"]
+    assert rocm["status"] == xpu["status"] == "not-run", (rocm, xpu)
+    prefill = "its MLA prefill path (vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha)"
+    assert prefill in rocm["reason"] and prefill in xpu["reason"], (rocm, xpu)
+    assert ("calls flash_attn:flash_attn_varlen_func, vllm._custom_ops:cp_gather_cache, "
+            "vllm._custom_ops:gather_and_maybe_dequant_cache, vllm._custom_ops:merge_attn_states") in rocm["reason"], rocm
+    assert "calls vllm._xpu_ops:xpu_ops.flash_attn_varlen_func" in xpu["reason"], xpu
+
+
+def test_xpu_triton_attn_runs_its_tensor_descriptor_path_which_reads_past_the_sequence_end():
+    """On XPU TRITON_ATTN loads its KV tiles through tensor descriptors (``use_td``): the whole tile of a
+    sequence's last block, V rows past its end included, goes into ``P @ V`` unmasked, so the NaN the check
+    keeps in unused cache slots reaches the output (0 * NaN) and the cell fails; vLLM's own switch
+    ``VLLM_TRITON_USE_TD=0`` (masked pointer loads) verifies the same cell in the same XPU child."""
+    rows = drive(".venv-vllm", "none:llama-decode-xpu", "triton-td-off:llama-decode-xpu")
+    td = rows["none:llama-decode-xpu"]
+    assert td["status"] == "failed" and td["level"] == "backend" and not td["finding"], td
+    assert "NaN position(s) differ" in td["message"], td
+    assert "vllm.v1.attention.ops.triton_unified_attention:unified_attention" in td["functions"], td
+    plain = rows["triton-td-off:llama-decode-xpu"]
+    assert plain["status"] == "verified" and plain["level"] == "backend", plain
 
 
 def test_faults_in_vllms_code_fail_cpu_attn_and_amx_mla_cells_in_the_cpu_process():

@@ -18,6 +18,9 @@ Faults (what a buggy release could ship):
 * ``triton-mla-scale-x1.05`` / ``triton-attn-scale-x1.05``: TRITON_MLA's
   ``forward_mqa`` / TRITON_ATTN's ``forward`` pass their Triton kernel
   (``decode_attention_fwd`` / ``unified_attention``) the softmax scale × 1.05.
+* ``rocm-attn-scale-x1.05``: ROCM_ATTN's ``forward`` passes
+  ``chunked_prefill_paged_decode`` (its Triton decode and, for verify rows,
+  ``context_attention_fwd``) the softmax scale × 1.05.
 * ``cpu-mla-scale-x1.05``: CPU_MLA's ``forward_mqa`` calls
   ``vllm._cpu_ops.mla_decode_kvcache_cpu`` (its op emulated here) with the
   softmax scale × 1.05.
@@ -47,6 +50,10 @@ Faults (what a buggy release could ship):
 * ``tokenspeed-lse-natural``: vLLM's ``TokenspeedMLAImpl`` declares its
   kernel's LSE natural-log (``lse_base_on_e = True``; TokenSpeed's is base 2),
   so the DCP merge weighs the ranks wrongly (vLLM PR 47079's bug class).
+* ``triton-td-off`` (not a fault): ``VLLM_TRITON_USE_TD=0`` for the check,
+  vLLM's own switch that turns TRITON_ATTN's tensor-descriptor loads off
+  (on by default on XPU): ``unified_attention`` loads its KV tiles with
+  masked pointer loads instead.
 * ``library-present`` (not a fault): FlashMLA's compiled op is present, as
   on a GPU host (see ``library_present``): the check runs at level
   ``backend`` with nothing emulated.
@@ -91,6 +98,12 @@ CASES = {
     "v2lite-decode-gfx942": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "gfx942"),
     "v2lite-decode-xpu": ("deepseek-v2-lite", "TRITON_MLA", "none", 1, "auto", 16, "xpu"),
     "llama-decode-gfx950": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16, "gfx950"),
+    "llama-decode-xpu": ("llama-3.1-8b", "TRITON_ATTN", "none", 1, "auto", 16, "xpu"),
+    # `auto` on ROCm resolves GQA models to ROCM_ATTN: Triton at blocks of 64, and for 96-wide heads;
+    # ROCm's HIP paged attention (not in this host's vLLM) for 128-wide heads at blocks of 16
+    "llama-rocm-attn-gfx942": ("llama-3.1-8b", "auto", "none", 1, "auto", 64, "gfx942"),
+    "mqa96-rocm-attn-fp8-chain-gfx950": ("mqa-96", "auto", "eagle-1x3", 1, "fp8", 16, "gfx950"),
+    "llama-rocm-attn-page16-gfx942": ("llama-3.1-8b", "auto", "none", 1, "auto", 16, "gfx942"),
     "v2lite-cpu-mla": ("deepseek-v2-lite", "CPU_MLA", "none", 1, "auto", 16, "cpu"),
     "v2lite-cpu-mla-chain": ("deepseek-v2-lite", "CPU_MLA", "eagle-1x3", 1, "auto", 16, "cpu"),
     "v2lite-amx-mla": ("deepseek-v2-lite", "auto", "none", 1, "auto", 64, "cpu_amx"),
@@ -126,6 +139,13 @@ def _triton_attn_scale_fault(original: Any) -> Any:
         return original(*args, softmax_scale=softmax_scale * 1.05, **kwargs)
 
     return unified_attention
+
+
+def _rocm_attn_scale_fault(original: Any) -> Any:
+    def chunked_prefill_paged_decode(*args, sm_scale=None, **kwargs):
+        return original(*args, sm_scale=sm_scale * 1.05, **kwargs)
+
+    return chunked_prefill_paged_decode
 
 
 def _cpu_mla_scale_fault(original: Any) -> Any:
@@ -233,6 +253,8 @@ FAULTS = {
                                _triton_mla_scale_fault),
     "triton-attn-scale-x1.05": ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention",
                                 _triton_attn_scale_fault),
+    "rocm-attn-scale-x1.05": ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "chunked_prefill_paged_decode",
+                              _rocm_attn_scale_fault),
     "cpu-mla-scale-x1.05": ("vllm._cpu_ops", "mla_decode_kvcache_cpu", _cpu_mla_scale_fault),
     "cpu-attn-scale-x1.05": ("vllm._cpu_ops", "cpu_attention_with_kv_cache", _cpu_attn_scale_fault),
     "cpu-attn-cache-isa-vec": ("vllm._cpu_ops", "cpu_attn_reshape_and_cache", _cpu_attn_isa_fault),
@@ -250,7 +272,8 @@ FAULTS = {
 }
 #: vLLM modules that bind the faulted functions by name (imported before the fault is put in).
 BINDERS = ("vllm.v1.attention.backends.mla.triton_mla", "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.mla.flashmla",
-           "vllm.v1.attention.backends.mla.flashinfer_mla", "vllm.model_executor.layers.attention.mla_attention")
+           "vllm.v1.attention.backends.mla.flashinfer_mla", "vllm.model_executor.layers.attention.mla_attention",
+           "vllm.v1.attention.backends.rocm_attn")
 
 
 @contextlib.contextmanager
@@ -288,6 +311,17 @@ def injected(fault: str) -> Iterator[None]:
     """Replace one vLLM function, and every vLLM module's binding of it, for the block."""
     if fault == "none":
         yield
+        return
+    if fault == "triton-td-off":
+        saved = os.environ.get("VLLM_TRITON_USE_TD")
+        os.environ["VLLM_TRITON_USE_TD"] = "0"  # read when TritonAttentionImpl is built (vllm.envs, uncached)
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ["VLLM_TRITON_USE_TD"]
+            else:
+                os.environ["VLLM_TRITON_USE_TD"] = saved
         return
     if fault == "library-present":
         from pytest_mla.engines.vllm import checks as vllm_backend

@@ -122,6 +122,27 @@ if WHERE == "interpreter":
         tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask, other=0.0), mask=mask)
 
 
+    @triton.jit
+    def _descriptor_copy(x_ptr, y_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, TILE: tl.constexpr):
+        # the first COLS of each row of x (rows of TILE): the descriptor pads the columns past COLS with zeros
+        desc = tl.make_tensor_descriptor(base=x_ptr, shape=(ROWS, COLS), strides=(TILE, 1), block_shape=(ROWS, TILE))
+        offs_r, offs_c = tl.arange(0, ROWS), tl.arange(0, TILE)
+        tl.store(y_ptr + offs_r[:, None] * TILE + offs_c[None, :], desc.load([0, 0]))
+
+
+@interpreted
+def test_int1_mask_fix_passes_tensor_descriptor_loads_through():
+    """Triton's interpreter loads a tensor descriptor's tile through ``create_masked_load`` with keyword
+    arguments (vLLM's unified_attention does on XPU, ``USE_TD``): the fix keeps Triton's parameter names."""
+    from pytest_mla.kernels.interpreter import int1_mask_fix
+
+    x = torch.arange(16, dtype=torch.float32).reshape(2, 8)
+    y = torch.full((2, 8), -1.0)
+    with int1_mask_fix():
+        _descriptor_copy[(1,)](x, y, ROWS=2, COLS=4, TILE=8)
+    assert torch.equal(y[:, :4], x[:, :4]) and bool((y[:, 4:] == 0).all())
+
+
 @interpreted
 def test_device_calls_reuse_the_launch_patch_with_the_same_result():
     from triton.runtime import interpreter

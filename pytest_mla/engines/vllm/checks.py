@@ -821,8 +821,6 @@ ROCM_KERNELS = {
 }
 #: Other platforms' backends whose engine check is not written yet, and what each decodes with.
 UNCHECKED_KERNELS = {
-    "ROCM_ATTN": ("vllm.v1.attention.ops.chunked_prefill_paged_decode (its ROCm paged-attention decode); "
-                  "no engine check drives it yet"),
     "XPU_MLA_SPARSE": ("vllm.v1.attention.ops.xpu_mla_sparse.triton_bf16_mla_sparse_interface over the indexer's "
                        "top-k; the engine checks have no sparse-MLA driver yet"),
 }
@@ -876,9 +874,10 @@ def _path_of(cell: Any, startup: Any) -> str:
     return "prefill" if s_q > startup.builder.reorder_batch_threshold else "decode"
 #: Backends of another platform whose check runs in that platform's child process (the
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
-#: Not XPU's TRITON_ATTN: on XPU it loads through Triton tensor descriptors (``use_td``), which
-#: this project's interpreter fixes do not pass through (``_install_int1_mask``'s ``cache_policy``).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN"), "xpu": ("TRITON_MLA",), "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
+#: XPU's TRITON_ATTN loads its KV tiles through Triton tensor descriptors (``use_td``, on by default
+#: there), which the interpreter runs as masked loads (``interpreter.int1_mask_fix`` passes them through).
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN"), "xpu": ("TRITON_MLA", "TRITON_ATTN"),
+                   "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
 
 
 def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platform: str,
@@ -901,8 +900,8 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
     if kernel_source.calls_of(name, path, platform) and path != "decode" \
             and (platform, name) not in kernel_source.PLATFORM_PREFILL:
         return None, (f"vLLM's {name} on the {platform} platform ({cell.arch}) sends these rows to its MLA "
-                      f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), whose "
-                      "compiled calls on this platform have no check yet")
+                      f"{path} path ({kernel_source.PREFILL_FUNCTION if path == 'prefill' else path}), "
+                      + kernel_source.platform_prefill_reason(platform))
     return _mla_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
 
 
@@ -1003,14 +1002,15 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
 
 def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any,
                extra: Mapping[str, Any] | None = None) -> Any:
-    """The engine check of a GQA cell on TRITON_ATTN or FLASH_ATTN (``run_attn``; no DCP check yet).
+    """The engine check of a GQA cell on TRITON_ATTN, FLASH_ATTN, CPU_ATTN or ROCM_ATTN (``run_attn``).
 
     TRITON_ATTN runs its Triton kernel here (level ``backend``, shared over
     archs unless the construction raises under the cell's); FLASH_ATTN runs
     under the cell's arch (FA2 on SM80, FA3 on SM90) with flash-attention's
     varlen kernel real on a GPU with it, else emulated. CPU_ATTN (the CPU
     platform's child, ``_platform_spec``) runs with its ``torch.ops._C`` ops
-    emulated (a CUDA build of ``vllm._C`` has none of them).
+    emulated (a CUDA build of ``vllm._C`` has none of them); ROCM_ATTN (the
+    ROCm child) runs its Triton kernels at level ``backend``.
     """
     from ...core.kernelspec import KernelSpec
     from ...kernels.harness import _KV_DTYPES
@@ -1128,7 +1128,36 @@ def gpu_backend_spec(name: str, cell: Any, model: Any, tp: int, where: str) -> t
 TRITON_ATTN_FUNCTION = "vllm.v1.attention.backends.triton_attn:TritonAttentionImpl.forward"
 ATTN_FUNCTIONS = {"TRITON_ATTN": TRITON_ATTN_FUNCTION,
                   "FLASH_ATTN": "vllm.v1.attention.backends.flash_attn:FlashAttentionImpl.forward",
-                  "CPU_ATTN": "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward"}
+                  "CPU_ATTN": "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward",
+                  "ROCM_ATTN": "vllm.v1.attention.backends.rocm_attn:RocmAttentionImpl.forward"}
+_ATTN_OPS = "vllm.v1.attention.ops"
+
+
+def _attn_kernels(backend: str, s_q: int) -> tuple[str, ...]:
+    """What a GQA impl's ``forward`` runs besides itself on rows of ``s_q`` query tokens (the record's ``functions``).
+
+    ROCM_ATTN: ``chunked_prefill_paged_decode`` sends rows of more than one
+    query token to the Triton ``context_attention_fwd`` (prefix_prefill.py)
+    and decodes single-token rows with its Triton ``kernel_paged_attention_2d``,
+    unless ``use_rocm_custom_paged_attention`` picks the compiled
+    ``ops.paged_attention_rocm`` (HIP; CDNA, 64/128-wide heads, blocks of
+    16/32, at most 16 query heads per KV head): that op is not in this host's
+    vLLM build, and such a cell is ``not-run`` naming it (``_platform_ops_missing``).
+    """
+    if backend == "TRITON_ATTN":
+        return (f"{_ATTN_OPS}.triton_unified_attention:unified_attention",)
+    if backend == "ROCM_ATTN":
+        return (f"{_ATTN_OPS}.chunked_prefill_paged_decode:chunked_prefill_paged_decode",
+                f"{_ATTN_OPS}.chunked_prefill_paged_decode:kernel_paged_attention_2d") + (
+            (f"{_ATTN_OPS}.prefix_prefill:context_attention_fwd",) if s_q > 1 else ())
+    return ()
+
+
+#: GQA impls whose cache is vLLM's paged-attention layout: K and V as two head groups
+#: (``PagedAttention.split_kv_cache``), K ``[blocks, kv_heads, head_size // x, block, x]`` with
+#: ``x = 16 // element size``, V ``[blocks, kv_heads, head_size, block]``; the impl reads the new tokens'
+#: K / V of rows with more than one query token from its ``key`` / ``value`` arguments (prefix_prefill).
+SPLIT_KV_IMPLS = ("ROCM_ATTN",)
 ATTN_RUNNER = "pytest_mla.engines.vllm.startup:run_attn"
 
 
@@ -1169,13 +1198,16 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     emulated at level ``emulated`` (``kernel_source``); CPU_ATTN's cache is
     written by its own ``do_kv_cache_update`` (``CACHE_WRITING_IMPLS``), its
     builder schedules and ``CPUAttentionBackendImpl.forward`` attends, the
-    three ``torch.ops._C`` ops emulated.
+    three ``torch.ops._C`` ops emulated; ``RocmAttentionImpl.forward`` (ROCm's
+    child) reads a split K/V cache (``SPLIT_KV_IMPLS``) through
+    ``chunked_prefill_paged_decode`` (``_attn_kernels``).
     """
     engine = prepare_process()  # before vLLM's modules bind ``current_platform`` (see run_mla)
     import torch
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
+    from ...core.errors import AdapterError
     from ...kernels.engine_runner import RankResult
     from . import kernel_source
 
@@ -1201,17 +1233,28 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         attn_group, kernel_block = _attention_group(layer.attn_backend, spec, config, device)
         block = config.cache_config.block_size
         table, slots = _rank_slots(inputs, block, rank, world, ctx.interleave)
-        # Both impls read [num_blocks, num_kv_heads, block_size, 2 * head_size] (K and V side by side).
-        cache = _nan_cache((inputs.kv_cache.shape[0], h_kv, block, 2 * d), spec.dtype, device)
+        # TRITON_ATTN, FLASH_ATTN read [num_blocks, num_kv_heads, block_size, 2 * head_size] (K and V side by side).
+        split = backend in SPLIT_KV_IMPLS
+        if split:
+            if kernel_block != block:
+                raise AdapterError("kernel check", f"vLLM's {backend} splits the cell's blocks of {block} into kernel "
+                                                   f"blocks of {kernel_block}; its split K/V cache is not re-laid-out")
+            cache = _nan_cache((2, inputs.kv_cache.shape[0], block, h_kv * d), spec.dtype, device)
+        else:
+            cache = _nan_cache((inputs.kv_cache.shape[0], h_kv, block, 2 * d), spec.dtype, device)
         if slots.numel():
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             v = torch.cat([_dense_rows(inputs.v_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             if backend in CACHE_WRITING_IMPLS:
                 _impl_writes_tokens(layer, cache, slots, k, v, inputs, kernel_block != block)
+            elif split:
+                _write_split_tokens(cache, slots, k, v, block, inputs.kv_scale)
             else:
                 _write_tokens(cache, slots, torch.cat([k, v], dim=-1), block, inputs.kv_scale)
-        if kernel_block != block:  # kernel blocks: [blocks * r, heads, kernel_block, 2d] over the same tokens
+        if split:  # the impl's view: logical [num_blocks, 2, block_size, kv_heads * head_size] (rocm_attn.py)
+            cache = cache.transpose(0, 1)
+        elif kernel_block != block:  # kernel blocks: [blocks * r, heads, kernel_block, 2d] over the same tokens
             r = block // kernel_block
             cache = cache.view(-1, h_kv, r, kernel_block, 2 * d).transpose(1, 2).reshape(-1, h_kv, kernel_block, 2 * d)
         seq_lens = inputs.cache_seqlens.to(device=device, dtype=torch.int32)
@@ -1231,7 +1274,7 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         metadata = attn_group.build_metadata(common)
         heads = (rank * h, (rank + 1) * h)
         q = inputs.q.reshape(b * s_q, h_group, d)[:, heads[0]:heads[1]].contiguous()
-        if world > 1:  # DCP attends the new tokens from the step's own K / V (the cache holds the context)
+        if world > 1 or split:  # the new tokens from the step's own K / V (DCP: the cache holds the context)
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k_new = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n)[n - s_q:]
                                for i, n in enumerate(seqlens)])
@@ -1251,16 +1294,58 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         if backend != "TRITON_ATTN" and layer.query_quant is not None and layer.impl.supports_quant_query_input \
                 and q.dtype != current_platform_fp8():
             q, _ = layer.query_quant(q, layer._q_scale)
-        layer.impl.forward(layer, q, key, value, cache, metadata, output)
+        with _platform_ops_missing(options):
+            layer.impl.forward(layer, q, key, value, cache, metadata, output)
         emulated = tuple(log.called) if log is not None else ()
         notes = tuple(host) + _platform_notes(options)
-    functions = (ATTN_FUNCTIONS[backend],) + (
-        ("vllm.v1.attention.ops.triton_unified_attention:unified_attention",) if backend == "TRITON_ATTN" else ()) + (
-        CACHE_WRITING_IMPLS.get(backend, ()))
+    functions = (ATTN_FUNCTIONS[backend],) + _attn_kernels(backend, s_q) + CACHE_WRITING_IMPLS.get(backend, ())
     if world > 1:
         functions += ("vllm.v1.attention.backends.flash_attn:FlashAttentionImpl._forward_with_dcp",)
     return RankResult(output.view(b, s_q, h, d), None, heads if world > 1 else None, functions, notes=notes,
                       emulated=emulated)
+
+
+@contextlib.contextmanager
+def _platform_ops_missing(options: Mapping[str, Any]) -> Iterator[None]:
+    """Another platform's cell whose path calls a ``torch.ops`` op this host lacks: ``EngineCannotRun`` naming it.
+
+    vLLM's own code picked the op for the cell (ROCM_ATTN's ``chunked_prefill_paged_decode``
+    calls ``ops.paged_attention_rocm``, ``torch.ops._rocm_C.paged_attention``, where
+    ``use_rocm_custom_paged_attention`` says so); a CUDA build of vLLM has no such op, so the
+    check cannot run that kernel here. Nothing stands in for it.
+    """
+    from ...kernels.engine_runner import EngineCannotRun, engine_function_of
+
+    try:
+        yield
+    except AttributeError as exc:
+        found = re.search(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'", str(exc))
+        if options.get("platform") is None or found is None:
+            raise
+        caller = engine_function_of(exc, PACKAGE) or "vLLM"
+        raise EngineCannotRun(f"vLLM's {options['backend']} on the {options['platform']} platform ({options['arch']}) "
+                              f"calls torch.ops.{found.group(1)}.{found.group(2)} (from {caller}), a compiled "
+                              "kernel this host's vLLM build does not have") from None
+
+
+def _write_split_tokens(cache: Any, slots: Any, k: Any, v: Any, block: int, kv_scale: float | None) -> None:
+    """Token ``t`` at slot ``s`` into a split K/V cache ``[2, blocks, block, kv_heads * head_size]`` (``SPLIT_KV_IMPLS``).
+
+    Where ``PagedAttention.split_kv_cache`` reads it: K ``[s // block, h, :, s % block, :]`` of the
+    ``[blocks, kv_heads, head_size // x, block, x]`` view, V ``[s // block, h, :, s % block]`` of
+    ``[blocks, kv_heads, head_size, block]``.
+    """
+    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+    mine = slots != PAD_SLOT_ID
+    slots, k, v = slots[mine], k[mine], v[mine]
+    n, h_kv, d = k.shape
+    x = 16 // cache.element_size()
+    blocks = cache.shape[1]
+    key_cache = cache[0].view(blocks, h_kv, d // x, block, x)
+    value_cache = cache[1].view(blocks, h_kv, d, block)
+    key_cache[slots // block, :, :, slots % block, :] = _stored(k, cache.dtype, kv_scale).view(n, h_kv, d // x, x)
+    value_cache[slots // block, :, :, slots % block] = _stored(v, cache.dtype, kv_scale)
 
 
 def current_platform_fp8() -> Any:

@@ -45,6 +45,8 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
     "AMX_MLA": ("torch.ops._C:convert_weight_packed", "torch.ops._C:bmm_cpu", "torch.ops._C:decode_attention_cpu"),
     # GQA models (``checks.run_attn``)
     "TRITON_ATTN": (),
+    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
+    "ROCM_ATTN": (),
     "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
     # the CPU platform: its builder schedules, the model runner's cache update writes, the impl attends
     "CPU_ATTN": ("torch.ops._C:get_scheduler_metadata", "torch.ops._C:cpu_attn_reshape_and_cache",
@@ -85,9 +87,40 @@ _REAL_OPS = {
     "TOKENSPEED_MLA": ("tokenspeed_mla",),
     "TRITON_MLA": (),
     "TRITON_ATTN": (),
+    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
+    "ROCM_ATTN": (),
     "FLASH_ATTN": (("_vllm_fa3_C", "fwd"),),
 }
 _PREFILL_OPS = (("_vllm_fa3_C", "fwd"), ("_C_cache_ops", "cp_gather_cache"), ("_C", "merge_attn_states"))
+
+
+#: The compiled calls of vLLM's MLA prefill path (``forward_mha`` with cached context: the check's DCP
+#: verify rows) on the platforms whose check runs in a child process but not this path, and why the
+#: emulations of ``PREFILL_CALLS`` do not stand in for them (the cells stay not-run naming these).
+#: ROCm (gfx942 / gfx950; ``rocm.py get_mla_prefill_backend_cls``: ROCM_AITER_FA only with AITER enabled,
+#: else FLASH_ATTN): ``fa_utils`` binds the upstream flash-attention package's varlen (ROCm's build: CK
+#: kernels by default), a different library and contract from vLLM's ``vllm_flash_attn``
+#: (``return_attn_probs``, no ``out=``, a head-major output possible); the context gathers are
+#: ``torch.ops._C_cache_ops`` of a HIP build and CDNA3's merge is ``vllm._custom_ops.merge_attn_states`` (HIP). XPU: ``vllm._xpu_ops.xpu_ops.
+#: flash_attn_varlen_func`` (vllm-xpu-kernels' SYCL ``torch.ops._vllm_fa2_C.varlen_fwd``) and the XPU
+#: build's ``_C_cache_ops`` gathers; its merge is Triton. No emulation of either library is written.
+PLATFORM_PREFILL_UNCHECKED = {
+    "rocm": ("flash_attn:flash_attn_varlen_func", "vllm._custom_ops:cp_gather_cache",
+             "vllm._custom_ops:gather_and_maybe_dequant_cache", "vllm._custom_ops:merge_attn_states"),
+    "xpu": ("vllm._xpu_ops:xpu_ops.flash_attn_varlen_func", "vllm._custom_ops:cp_gather_cache",
+            "vllm._custom_ops:gather_and_maybe_dequant_cache"),
+}
+_PLATFORM_LIBRARIES = {"rocm": "ROCm's flash-attention (CK) and HIP ops", "xpu": "vllm-xpu-kernels' SYCL kernels"}
+
+
+def platform_prefill_reason(platform: str) -> str:
+    """What vLLM's MLA prefill path calls on ``platform`` and why the check does not run it here."""
+    calls = PLATFORM_PREFILL_UNCHECKED.get(platform)
+    if calls is None:
+        return "whose compiled calls on this platform have no check yet"
+    return (f"which calls {', '.join(calls)} ({_PLATFORM_LIBRARIES[platform]}): compiled for that platform, not "
+            "runnable on this host, and no float64 emulation of that library's contract is written (the CUDA "
+            "prefill emulations model vllm_flash_attn and the CUDA build's ops)")
 
 
 #: Platforms whose MLA prefill path makes no compiled call: the CPU platform's
