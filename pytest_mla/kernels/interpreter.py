@@ -27,6 +27,13 @@ interpreter so that it computes what a GPU computes, and restores it after:
   fails before the kernel runs. The fix gives it the attribute, computed by
   Triton's own ``KernelParam`` as ``JITFunction`` computes it.
 
+* ``fp8_specials_fix``: the interpreter widens fp8 with a generic bit-field
+  conversion that knows no special values: an e4m3fn NaN (``0x7F``) reads as
+  480, an e5m2 inf or NaN as a finite number, an e4m3fnuz / e5m2fnuz NaN
+  (``0x80``) as -0. A GPU's conversion gives NaN (and inf). The fix keeps
+  Triton's result for every other byte and writes the output format's NaN or
+  inf where the fp8 byte holds one, so the NaN a check keeps in a cache's
+  unused slots reaches a kernel that reads them, as on a GPU.
 * ``no_device_call_repatch`` (speed only): every call of a ``@triton.jit``
   device function (``InterpretedFunction.__call__``) re-patches
   ``triton.language`` with ``_patch_lang``, though the kernel launch that
@@ -57,7 +64,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["bf16_dot_fix", "fast_bf16_widening", "int1_mask_fix", "interpreter_fixes", "jit_constexprs_fix", "no_device_call_repatch",
+__all__ = ["bf16_dot_fix", "fast_bf16_widening", "fp8_specials_fix", "int1_mask_fix", "interpreter_fixes", "jit_constexprs_fix", "no_device_call_repatch",
            "no_overflow_sanitizer"]
 
 _lock = threading.Lock()
@@ -243,7 +250,51 @@ def _install_fast_bf16_widening() -> Callable[[], None]:
     return undo
 
 
+#: The fp8 formats' special values, by the bytes that hold them: (NaN test, inf test or None).
+_FP8_SPECIALS = {
+    "fp8e4nv": (lambda b: (b & 0x7F) == 0x7F, None),  # e4m3fn: S.1111.111 is NaN, no inf
+    "fp8e5": (lambda b: ((b & 0x7C) == 0x7C) & ((b & 0x03) != 0), lambda b: (b & 0x7F) == 0x7C),  # e5m2: IEEE-like
+    "fp8e4b8": (lambda b: b == 0x80, None),  # e4m3fnuz: the negative zero pattern is the NaN, no inf
+    "fp8e5b16": (lambda b: b == 0x80, None),  # e5m2fnuz: likewise
+}
+
+
+def _install_fp8_specials() -> Callable[[], None]:
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert_float(input: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
+        out = original(input, input_dtype, output_dtype, rounding_mode)
+        rule = _FP8_SPECIALS.get(getattr(input_dtype, "name", ""))
+        if rule is None or output_dtype.primitive_bitwidth <= input_dtype.primitive_bitwidth:
+            return out
+        byte = np.frombuffer(input.tobytes(), dtype=np.uint8).reshape(np.shape(input))
+        nan = rule[0](byte)
+        inf = rule[1](byte) if rule[1] is not None else None
+        if not nan.any() and (inf is None or not inf.any()):
+            return out
+        width, mantissa = output_dtype.primitive_bitwidth, output_dtype.fp_mantissa_width
+        uint = getattr(np, f"uint{width}")
+        all_ones = ((1 << (width - mantissa - 1)) - 1) << mantissa
+        out = np.array(out, copy=True).reshape(byte.shape)
+        out[nan] = uint(all_ones | (1 << (mantissa - 1)))  # a quiet NaN of the output format
+        if inf is not None:
+            sign = (byte >> 7).astype(uint) << uint(width - 1)
+            out[inf] = uint(all_ones) | sign[inf]
+        return out
+
+    interpreter._convert_float = convert_float
+
+    def undo() -> None:
+        interpreter._convert_float = original
+
+    return undo
+
+
 bf16_dot_fix = _scoped("bf16_dot_fix", _install_bf16_dot)
+fp8_specials_fix = _scoped("fp8_specials_fix", _install_fp8_specials)
 fast_bf16_widening = _scoped("fast_bf16_widening", _install_fast_bf16_widening)
 no_device_call_repatch = _scoped("no_device_call_repatch", _install_no_device_call_repatch)
 no_overflow_sanitizer = _scoped("no_overflow_sanitizer", _install_no_overflow_sanitizer)
@@ -251,7 +302,7 @@ int1_mask_fix = _scoped("int1_mask_fix", _install_int1_mask)
 jit_constexprs_fix = _scoped("jit_constexprs_fix", _install_jit_constexprs)
 
 FIXES = (bf16_dot_fix, no_overflow_sanitizer, int1_mask_fix, jit_constexprs_fix, no_device_call_repatch,
-         fast_bf16_widening)
+         fast_bf16_widening, fp8_specials_fix)
 
 
 @contextlib.contextmanager

@@ -206,3 +206,32 @@ def test_interpreter_fixes_do_nothing_on_a_gpu_target():
 
     with interpreter_fixes("sm90") as active:
         assert active == []
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+def test_fp8_specials_fix_widens_every_byte_as_torch_does_nan_and_inf_included(dtype):
+    """Every one of the 256 bytes, widened to fp32 inside a kernel: torch's value (NaN where torch's is NaN)
+    with the fix; without it the interpreter reads at least one special byte as a number (it still needs it)."""
+    import triton
+    import triton.language as tl
+
+    from pytest_mla.kernels.interpreter import fp8_specials_fix
+
+    @triton.jit
+    def widen(x_ptr, y_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.float32))
+
+    x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+    want = x.float()
+    plain, fixed = torch.full((256,), 7.0), torch.full((256,), 7.0)
+    widen[(1,)](x, plain, N=256)
+    with fp8_specials_fix("interpreter") as active:
+        widen[(1,)](x, fixed, N=256)
+    assert active
+    assert torch.equal(fixed.isnan(), want.isnan())
+    assert torch.equal(fixed[~want.isnan()], want[~want.isnan()])
+    assert not torch.equal(plain.isnan(), want.isnan())
+    widen[(1,)](x, fixed, N=256)  # restored after the block
+    assert torch.equal(fixed.isnan(), plain.isnan())
