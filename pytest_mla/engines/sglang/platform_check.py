@@ -164,11 +164,16 @@ def derived_constants(probes: tuple[str, ...]) -> Iterator[list[str]]:
         for name, module in list(sys.modules.items()):
             if module is None or not (name == "sglang" or name.startswith("sglang.")):
                 continue
-            for targets, code in _derived_statements(name, probes):
+            for targets, code, block in _derived_statements(name, probes):
                 try:
                     scope = dict(vars(module))
                     exec(code, scope)  # noqa: S102 - SGLang's own module-level statement, re-run
                 except Exception as exc:  # noqa: BLE001 - a statement that needs what only its load had
+                    if block:
+                        # an if-block picking objects for the arch (rotary_embedding/utils.py binds
+                        # torch.ops.sgl_kernel.apply_rotary_pos_emb_cpu under cpu_amx, an op this host
+                        # lacks): never a plain value, left as it loaded
+                        continue
                     from .support import adapter_error
 
                     raise adapter_error("kernel check", f"cannot derive {name}.{', '.join(targets)} again for the "
@@ -219,12 +224,13 @@ def _forget_cached_probes(probes: tuple[str, ...]) -> None:
 
 
 _PLAIN = (bool, int, float, str, type(None))
-_statements: dict[tuple[str, tuple[str, ...]], list[tuple[tuple[str, ...], Any]]] = {}
+_statements: dict[tuple[str, tuple[str, ...]], list[tuple[tuple[str, ...], Any, bool]]] = {}
 
 
-def _derived_statements(module_name: str, probes: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
-    """``(names, compiled statement)`` of a module's top-level assignments derived from ``probes`` (cached):
-    ``NAME = <expr>``, and ``if``/``else`` blocks of such assignments whose test reads a derived name."""
+def _derived_statements(module_name: str, probes: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any, bool]]:
+    """``(names, compiled statement, is an if-block)`` of a module's top-level assignments derived from
+    ``probes`` (cached): ``NAME = <expr>``, and ``if``/``else`` blocks of such assignments whose test reads
+    a derived name."""
     key = (module_name, probes)
     found = _statements.get(key)
     if found is not None:
@@ -244,7 +250,8 @@ def _derived_statements(module_name: str, probes: tuple[str, ...]) -> list[tuple
                 continue
             if used & derived:
                 derived.update(targets)
-                found.append((targets, compile(ast.Module([node], type_ignores=[]), module_name, "exec")))
+                found.append((targets, compile(ast.Module([node], type_ignores=[]), module_name, "exec"),
+                              isinstance(node, ast.If)))
     _statements[key] = found
     return found
 

@@ -740,16 +740,17 @@ class SGLangEngine:
 
 
 def _derived_for(arch: str) -> Any:
-    """In another platform's child: SGLang's load-time constants derived from the arch probes, for ``arch``.
+    """In the ROCm child: SGLang's load-time constants derived from the arch probes, for ``arch``.
 
-    A gfx950 cell in a child that loaded SGLang answering gfx942 (or cpu_amx in one that loaded for
-    cpu) must see what SGLang derives at load on that arch (``_is_gfx95``, the platform fp8 type
-    ``fp8_dtype``), as its checks do (``platform_check.scope``). The CUDA process has none that differ.
+    A gfx950 cell in a child that loaded SGLang answering gfx942 must see what SGLang derives at
+    load on that arch (``_is_gfx95``, the platform fp8 type ``fp8_dtype``), as its checks do
+    (``platform_check.scope``). The other children's validation keeps the constants SGLang loaded
+    with (their checks derive them per cell); no cell's outcome differs either way today.
     """
     from .platform_check import FP8_PROBES, derived_constants
     from .platforms import ARCH_PROBES, loaded_platform
 
-    if loaded_platform() == "cuda":
+    if loaded_platform() != "rocm" or platform_of(arch) != "rocm":
         return contextlib.nullcontext([])
     return derived_constants(ARCH_PROBES + FP8_PROBES)
 
