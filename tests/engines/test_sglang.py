@@ -193,13 +193,14 @@ def test_an_adapter_problem_is_an_error_never_a_refusal(fake, monkeypatch, switc
 
 
 def test_registered_backends_are_decided_by_the_factories(monkeypatch):
-    """mha_only refuses an MLA model on every arch; fake_mla refuses sm80 only; cuda_probe never."""
+    """mha_only refuses an MLA model on every arch; fake_mla refuses sm80 only; cuda_probe and fake_wrapper
+    (which refuses non-MLA models only) never."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE), str(ROOT)])}
     code = "import json; from pytest_mla.engines.sglang import SGLangEngine; print(json.dumps(SGLangEngine().registered_backends()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {
-        "cuda_probe": True, "fake_mla": True, "mha_only": False, "triton": True}
+        "cuda_probe": True, "fake_mla": True, "fake_wrapper": True, "mha_only": False, "triton": True}
 
 
 # ---- the real releases ---------------------------------------------------------------------------
