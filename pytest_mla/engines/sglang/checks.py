@@ -203,8 +203,8 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
 #: Compiled ops of a platform's own sgl_kernel build that a platform check's path calls, with an emulation in
 #: ``kernels.emulated`` (used where this host's torch lacks the op): (platform, arch, MLA model?) -> ops.
 #: ``cpu_amx`` and ``xpu``: a GQA pool's writes (``memory_pool._set_kv_buffer_impl``: ``_is_cpu and
-#: _cpu_has_amx_support``, ``_is_xpu``), except TritonAttnBackend's under DCP, which go through the pool's masked path (``_set_kv_buffer``,
-#: triton_backend.py ``if self.dcp_size > 1``) and never reach the op.
+#: _cpu_has_amx_support``, ``_is_xpu``), except TritonAttnBackend's under DCP, which go through the
+#: pool's masked path (``_set_kv_buffer``, triton_backend.py ``if self.dcp_size > 1``) and never reach it.
 PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",),
                 ("xpu", "xpu", False): ("sgl_kernel:store_cache_xpu",)}
 
