@@ -58,7 +58,10 @@ def emulations(names: tuple[str, ...]) -> contextlib.AbstractContextManager[Any]
 @contextlib.contextmanager
 def _installed(names: tuple[str, ...]) -> Iterator[Any]:
     """``emulations_installed(names)``, and every SGLang binding of one of them to the child's kernel-library
-    stub (``from sgl_kernel import store_cache_xpu`` when the module loaded) pointed at the emulation."""
+    stub (``from sgl_kernel import store_cache_xpu`` when the module loaded) pointed at the emulation.
+
+    Only the emulated names: ``emulation._validation_stubs_replaced`` (the CUDA emulated checks') resolves
+    every stub, and in a platform child the other stubbed libraries (``flash_mla``) do not import."""
     import importlib
 
     from ...kernels.emulated.install import emulations_installed
