@@ -317,6 +317,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
     from .collectives import TorchCollectives
     from .engine_runner import RankContext, engine_frames_of, engine_function_of
     from .interpreter import interpreter_fixes
+    from .scratch import poisoned_scratch
 
     problem = torch.load(os.path.join(args.dir, "problem.pt"), weights_only=False)
     inputs, case = problem["inputs"].to(device), problem["case"]
@@ -324,7 +325,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
     ctx = RankContext(args.rank, args.world, case.dcp_interleave, collectives, device, case)
     try:
         where = "interpreter" if device.type == "cpu" else str(device)
-        with interpreter_fixes(where):
+        with interpreter_fixes(where), poisoned_scratch():
             result = runner(inputs, ctx, problem["options"])
     except BaseException as exc:
         from .emulated.glue import OutOfContractError, OutOfRangeRead

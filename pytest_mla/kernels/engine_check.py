@@ -120,6 +120,7 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
     from .compare import check_close, tolerance_record
     from .emulated.glue import OutOfContractError, OutOfRangeRead
     from .interpreter import interpreter_fixes
+    from .scratch import poisoned_scratch
     from .power import output_magnitude
     from .reference import ref_mla_decode
     from ..core.targets import import_target
@@ -155,7 +156,7 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
                     raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
                 raise
 
-        with interpreter_fixes(where):
+        with interpreter_fixes(where), poisoned_scratch():
             results = run_ranks_in_process(one_rank, case.dcp, timeout_s=timeout_s * max(case.dcp, 1))
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -6,7 +6,8 @@ rows), it computes in float32 with plain torch, and it merges the ranks the
 way SGLang's ``cp_lse_ag_out_rs`` does: all-gather the LSEs, scale its own
 partial, all-reduce, keep its own slice of heads. ``options`` select faults:
 ``merge="average"`` ignores the LSEs; ``raise_in="decode"`` raises inside
-this "engine package"; ``positions="local"`` masks by local positions.
+this "engine package"; ``positions="local"`` masks by local positions; ``scratch="unwritten"`` combines a
+partial output it allocated and never wrote with weight 0 (verify_splitkv's skipped splits).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def run(inputs, ctx, options):
         mask = inputs.tree_mask[i] if inputs.tree_mask is not None else None
         out[i], lse[i] = decode_rank(inputs.q[i], rows, inputs.head_dim_v, positions, seqlen, inputs.softmax_scale, mask,
                                      options.get("raise_in"))
+    if options.get("scratch") == "unwritten":  # a skipped split's partial, weight 0: 0 x whatever memory holds
+        skipped = torch.empty_like(out)
+        out = out + 0.0 * skipped
     if world > 1:
         out, lse = merge(out, lse, ctx.collectives, options.get("merge", "lse"))
     per = h // world

@@ -168,3 +168,13 @@ def test_mismatched_collectives_are_reported():
 
     with pytest.raises(CollectiveError, match="called"):
         run_ranks_in_process(body, 2, timeout_s=30)
+
+
+@pytest.mark.parametrize("dcp_mode", ["in-process", "distributed"])
+def test_engine_reading_memory_it_never_wrote_fails_the_same_on_every_host(dcp_mode):
+    """Memory an engine allocates uninitialised holds NaN while its check runs (``kernels.scratch``): a
+    partial output it never wrote, combined with weight 0, is NaN on every host, not zeros on one and
+    stale values on another."""
+    rec = run_engine_check(case(2), spec(scratch="unwritten"), dcp_mode=dcp_mode)
+    assert rec["status"] == "failed" and "NaN position(s) differ" in rec["message"], rec["message"]
+    assert run_engine_check(case(2), spec(), dcp_mode=dcp_mode)["status"] == "verified"
