@@ -17,7 +17,9 @@ uninitialised memory then shows as NaN in the output, the same on every host.
 Integer tensors are left as allocated: a poisoned index would turn into an
 out-of-range read whose meaning is the allocator's, not the engine's. Only
 Python-level calls are seen (a C++ op's internal allocations are not), and
-memory made before the block (a pool the check filled) is untouched. The
+memory made before the block (a pool the check filled) is untouched; inside
+a function ``torch.compile`` traces the allocations are left alone (an
+in-place fill there breaks Dynamo's graph; Inductor plans those buffers). The
 patch is process-wide while any block holds it (DCP ranks run as threads)
 and reference counted.
 """
@@ -42,6 +44,8 @@ def _poisoning(make: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(make)
     def make_poisoned(*args: Any, **kwargs: Any) -> Any:
         made = make(*args, **kwargs)
+        if torch.compiler.is_compiling():  # traced by torch.compile: the graph's buffers are Inductor's
+            return made
         if isinstance(made, torch.Tensor) and made.is_floating_point() and made.numel():
             made.fill_(float("nan"))
         return made

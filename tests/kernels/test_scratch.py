@@ -70,3 +70,20 @@ def test_an_exception_inside_the_block_restores_torch():
             raise RuntimeError("engine")
     assert torch.empty.__module__ != "pytest_mla.kernels.scratch"
     assert not getattr(torch.empty, "__wrapped__", None)
+
+
+def test_torch_compiled_flex_attention_inside_the_block_compiles_and_matches_eager():
+    """SGLang's flex_attention backend runs ``torch.compile(flex_attention)``; Inductor's lowering allocates
+    with ``torch.empty`` while it traces, and an in-place fill there failed the compile ("a leaf Variable
+    that requires grad is being used in an in-place operation")."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False), poisoned_scratch():  # a cached graph would skip the trace
+        out = torch.compile(flex_attention)(q, k, v)
+    torch._dynamo.reset()
+    assert torch.allclose(out, flex_attention(q, k, v), atol=1e-5)
