@@ -39,6 +39,8 @@ Faults (what a buggy release could ship):
 * ``torch-native-scale-x1.05`` / ``flex-scale-x1.05``: TorchNativeAttnBackend's
   ``_run_sdpa_forward_decode`` / TorchFlexAttnBackend's ``_run_flex_forward_decode``
   hands SDPA / flex_attention the layer's scale times 1.05.
+* ``intel-amx-scale-x1.05``: ``IntelAMXAttnBackend.forward_decode`` hands
+  sgl-kernel's (emulated) ``decode_attention_cpu`` the layer's scale times 1.05.
 * ``trtllm-mha-xqa-mask-full``: its XQA verify mask (``_xqa_spec_dec_mask``,
   passed by ``_run_fixed_q_len_decode``) has every bit set: each draft token
   sees the later ones.
@@ -107,6 +109,9 @@ CASES = {
     "v3-decode-torch-native-cpu": ("deepseek-v3", "none", 1, "auto", "torch_native", 1, "cpu"),
     "llama-decode-torch-native-cpu": ("llama-3.1-8b", "none", 1, "auto", "torch_native", 1, "cpu"),
     "llama-decode-dcp4-torch-native-cpu": ("llama-3.1-8b", "none", 4, "auto", "torch_native", 1, "cpu"),
+    # intel_amx: SGLang's IntelAMXAttnBackend around sgl-kernel's CPU attention ops, emulated (level emulated)
+    "v3-decode-intel-amx": ("deepseek-v3", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
+    "llama-decode-intel-amx": ("llama-3.1-8b", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
 }
 
 
@@ -227,6 +232,7 @@ FAULTS = {
     "torch-native-scale-x1.05": ("backend:torch_native", "_run_sdpa_forward_decode",
                                  lambda f: _sdpa_scaled(f, 1.05)),
     "flex-scale-x1.05": ("backend:flex_attention", "_run_flex_forward_decode", lambda f: _sdpa_scaled(f, 1.05)),
+    "intel-amx-scale-x1.05": ("backend:intel_amx", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
     # the KV-scale loader forgets that e4m3fnuz halves each value (kv_cache.py's own binding only: the
     # platform's fp8 type, derived from the same probe elsewhere, stays e4m3fnuz)
     "kv-scale-not-doubled-on-fnuz": ("only:sglang.srt.layers.quantization.kv_cache", "is_fp8_fnuz",

@@ -383,6 +383,22 @@ def test_faults_in_sglangs_code_fail_rocm_triton_and_cpu_torch_native_cells_in_t
     assert cpu["function"] == "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend.forward_decode"
 
 
+def test_intel_amx_runs_sglangs_backend_around_emulated_sgl_kernel_cpu_attention_ops():
+    """On cpu_amx SGLang's IntelAMXAttnBackend decodes with sgl-kernel's ``decode_attention_cpu`` (which also
+    writes the new token's K/V): its code runs in the CPU child around the op's float64 emulation, at level
+    emulated naming the op; a scale x1.05 planted in its ``forward_decode`` fails the cell."""
+    rows = drive(".venv-sglang", "none:v3-decode-intel-amx", "none:llama-decode-intel-amx",
+                 "intel-amx-scale-x1.05:v3-decode-intel-amx")
+    for scenario in ("none:v3-decode-intel-amx", "none:llama-decode-intel-amx"):
+        row = rows[scenario]
+        assert row["status"] == "verified" and row["level"] == "emulated", row
+        assert "torch.ops.sgl_kernel:decode_attention_cpu" in row["emulated"], row
+        assert row["function"] == "sglang.srt.layers.attention.intel_amx_backend:IntelAMXAttnBackend.forward_decode"
+        assert "ran in a process that imported SGLang on its CPU platform, answering for cpu_amx" in row["notes"]
+    fault = rows["intel-amx-scale-x1.05:v3-decode-intel-amx"]
+    assert fault["status"] == "failed" and not fault["finding"] and fault["message"].startswith("out: "), fault
+
+
 @pytest.mark.parametrize("venv", PLATFORM_RELEASES)
 def test_rocm_fp8_cells_use_the_archs_own_fp8_type_and_a_loader_that_forgets_fnuz_fails(venv):
     """SGLang on ROCm stores an fp8 cache in the platform's fp8 type: e4m3fnuz on gfx942 (with a checkpoint's

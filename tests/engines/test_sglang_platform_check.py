@@ -143,3 +143,21 @@ def test_notes_say_where_the_check_ran_and_what_stood_in_for_the_device():
     cpu = notes({"platform": "cpu", "arch": "cpu", "backend": "torch_native"}, [])
     assert cpu == ("ran in a process that imported SGLang on its CPU platform, answering for cpu",
                    "torch ran on this host's CPU")
+
+
+def test_intel_amx_runs_in_the_cpu_child_with_sgl_kernels_cpu_attention_ops_emulated():
+    """SGLang's IntelAMXAttnBackend calls sgl-kernel's CPU attention ops, which this host's torch lacks: its
+    check runs in the CPU child with both emulated (a GQA pool's write too), and the notes say what ran."""
+    from types import SimpleNamespace
+
+    from pytest_mla.engines.sglang.checks import platform_emulations
+
+    assert "intel_amx" in PLATFORM_CHECKS["cpu"]
+    attention = ("torch.ops.sgl_kernel:decode_attention_cpu", "torch.ops.sgl_kernel:extend_attention_cpu")
+    cell = SimpleNamespace(arch="cpu_amx", dcp=1)
+    assert platform_emulations(cell, SimpleNamespace(mla=True), "cpu", "intel_amx") == attention
+    assert platform_emulations(cell, SimpleNamespace(mla=False), "cpu", "intel_amx") == (
+        "torch.ops.sgl_kernel:store_cache_cpu", *attention)
+    assert platform_emulations(cell, SimpleNamespace(mla=True), "cpu", "torch_native") == ()
+    said = notes({"platform": "cpu", "arch": "cpu_amx", "backend": "intel_amx"}, [])
+    assert said[1] == "SGLang's IntelAMXAttnBackend ran on this host's CPU around sgl-kernel's CPU attention ops"

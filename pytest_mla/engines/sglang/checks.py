@@ -106,8 +106,8 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
 
     host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
     reason = not_runnable(cell, runner.decode_attention_backend_str, host_arch)
-    if reason is not None and runner.decode_attention_backend_str not in EMULATED:
-        return None, reason  # nothing more to read: the backend cannot run here
+    if reason is not None and runner.decode_attention_backend_str not in EMULATED and platform is None:
+        return None, reason  # nothing more to read: the backend cannot run here (another platform's: kernel_for)
     tp = int(server_args.tp_size)
     dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
     # (ROCm's e4m3fnuz cache is SGLang's fp8_e4m3 there: kv_cache_dtype.py TORCH_DTYPE_TO_KV_CACHE_STR)
@@ -207,10 +207,15 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
 #: pool's masked path (``_set_kv_buffer``, triton_backend.py ``if self.dcp_size > 1``) and never reach it.
 PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",),
                 ("xpu", "xpu", False): ("sgl_kernel:store_cache_xpu",)}
+#: Ops a platform backend's own code calls (platform, backend) -> ops, on any arch and model: SGLang's
+#: ``IntelAMXAttnBackend`` decodes with ``decode_attention_cpu`` (which writes the new token's K/V too) and
+#: extends / verifies with ``extend_attention_cpu`` (intel_amx_backend.py).
+BACKEND_OPS = {("cpu", "intel_amx"): ("torch.ops.sgl_kernel:decode_attention_cpu",
+                                      "torch.ops.sgl_kernel:extend_attention_cpu")}
 
 
 def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: str) -> tuple[str, ...]:
-    """The ops of ``PLATFORM_OPS`` the cell's platform check calls and this host does not have."""
+    """The ops of ``PLATFORM_OPS`` and ``BACKEND_OPS`` the cell's platform check calls and this host does not have."""
     import importlib
 
     import torch
@@ -220,6 +225,7 @@ def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: st
     from ..common.gpu_steps import _KernelName
 
     ops = PLATFORM_OPS.get((platform, str(cell.arch), bool(model.mla)), ())
+    ops += BACKEND_OPS.get((platform, decode_backend), ())
     missing = []
     for op in ops:
         path, _, name = op.partition(":")
@@ -264,7 +270,7 @@ def _class_of(backend: str) -> str:
             "fa4": "FlashAttentionBackend", "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
             "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
             "torch_native": "TorchNativeAttnBackend", "flex_attention": "TorchFlexAttnBackend",
-            "qsa": "QwenSparseAttnBackend"}.get(backend, backend)
+            "qsa": "QwenSparseAttnBackend", "intel_amx": "IntelAMXAttnBackend"}.get(backend, backend)
 
 
 # ---- the engine runner -------------------------------------------------------------------------

@@ -35,8 +35,10 @@ from ..common.sources import source_of
 
 __all__ = ["FP8_PROBES", "PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "emulations", "notes", "scope"]
 
-#: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``.
-PLATFORM_CHECKS = {"rocm": ("triton", "torch_native"), "cpu": ("triton", "torch_native"),
+#: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``
+#: (``emulated`` where the path calls a platform op this host lacks: ``checks.PLATFORM_OPS``). The CPU
+#: platform's ``intel_amx`` is SGLang's own code around sgl-kernel's CPU attention ops, always emulated here.
+PLATFORM_CHECKS = {"rocm": ("triton", "torch_native"), "cpu": ("triton", "torch_native", "intel_amx"),
                    "xpu": ("triton", "torch_native")}
 PLATFORM_LABELS = {"rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
 
@@ -99,7 +101,9 @@ def notes(options: Mapping[str, Any], changed: list[str]) -> tuple[str, ...]:
         said.append(f"SGLang constants derived from the arch probes when their modules loaded, derived again for "
                     f"{options['arch']}: " + ", ".join(on_path or ["none on the attention path"])
                     + (f" (and {others} in other modules)" if others else ""))
-    if options["backend"] == "triton":
+    if options["backend"] == "intel_amx":
+        said.append("SGLang's IntelAMXAttnBackend ran on this host's CPU around sgl-kernel's CPU attention ops")
+    elif options["backend"] == "triton":
         said.append("SGLang's Triton kernels ran under Triton's interpreter on this host's CPU"
                     + (" (Triton has no compiler for the CPU platform)" if platform == "cpu" else
                        f" (no {label} device here)"))

@@ -774,9 +774,10 @@ class CudaQueryWithoutCuda(RuntimeError):
     there (the real platform's torch answers the same), never a refusal."""
 
 
-#: SGLang backends of other platforms and the op or kernel callable each decodes with.
+#: SGLang backends of other platforms and the op or kernel callable each decodes with (``intel_amx`` is not
+#: here: its check runs in the CPU platform's child around emulations of sgl-kernel's CPU attention ops,
+#: ``platform_check.PLATFORM_CHECKS``).
 PLATFORM_DECODERS = {
-    "intel_amx": "torch.ops.sgl_kernel.decode_attention_cpu",
     "aiter": "aiter.mla.mla_decode_fwd",
     "intel_xpu": "sgl_kernel's XPU flash_attn_with_kvcache",
     "ascend": "torch_npu's fused attention ops",
@@ -796,12 +797,6 @@ SPARSE_DECODERS = {
 
 def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
     """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
-    if decode_backend == "intel_amx":
-        import torch
-
-        if not hasattr(torch.ops, "sgl_kernel") or not hasattr(torch.ops.sgl_kernel, "decode_attention_cpu"):
-            return ("SGLang's intel_amx decodes with torch.ops.sgl_kernel.decode_attention_cpu, which this host "
-                    "does not have (sgl_kernel's CPU build is not installed)")
     if decode_backend == "aiter":
         return "SGLang's aiter decodes with aiter.mla.mla_decode_fwd, which has no emulation yet"
     if decode_backend in PLATFORM_DECODERS:
