@@ -106,7 +106,8 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
 
     host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
     reason = not_runnable(cell, runner.decode_attention_backend_str, host_arch)
-    if reason is not None and runner.decode_attention_backend_str not in EMULATED:
+    # (another platform's cell, in its child: ``kernel_for`` says whether its check runs there)
+    if reason is not None and runner.decode_attention_backend_str not in EMULATED and platform is None:
         return None, reason  # nothing more to read: the backend cannot run here
     tp = int(server_args.tp_size)
     dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
@@ -150,6 +151,9 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         emulate, reason = False, None
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
+        elif decode_backend == "intel_xpu" and not model.mla:
+            reason = ("SGLang's intel_xpu decodes a model without MLA with sgl_kernel.flash_attn's "
+                      "flash_attn_with_kvcache (sgl-kernel-xpu), which has no emulation yet")
         platform_ops = platform_emulations(cell, model, platform, decode_backend)
     # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md
     if (reason is None or emulate) and getattr(model, "index_topk", 0):
@@ -207,6 +211,13 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
 #: pool's masked path (``_set_kv_buffer``, triton_backend.py ``if self.dcp_size > 1``) and never reach it.
 PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",),
                 ("xpu", "xpu", False): ("sgl_kernel:store_cache_xpu",)}
+#: A platform backend's own kernel-library calls on its check's path, emulated in ``kernels.emulated``:
+#: (platform, decode backend, MLA model?) -> ops. ``intel_xpu`` with an MLA model (``xpu_backend.py``, ``use_mla``):
+#: ``init_forward_metadata`` sizes its workspaces, ``forward_decode`` calls ``flash_mla_decode``,
+#: ``forward_extend`` (target verify, draft extend) ``flash_mla_prefill`` (``sgl_kernel_xpu_attention``).
+BACKEND_OPS = {("xpu", "intel_xpu", True): ("sgl_kernel:flash_mla_decode", "sgl_kernel:flash_mla_prefill",
+                                            "sgl_kernel:flash_mla_decode_get_workspace_size",
+                                            "sgl_kernel:flash_mla_prefill_get_workspace_size")}
 
 
 def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: str) -> tuple[str, ...]:
@@ -220,6 +231,7 @@ def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: st
     from ..common.gpu_steps import _KernelName
 
     ops = PLATFORM_OPS.get((platform, str(cell.arch), bool(model.mla)), ())
+    ops += BACKEND_OPS.get((platform, decode_backend, bool(model.mla)), ())
     missing = []
     for op in ops:
         path, _, name = op.partition(":")
@@ -264,7 +276,8 @@ def _class_of(backend: str) -> str:
             "fa4": "FlashAttentionBackend", "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
             "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
             "torch_native": "TorchNativeAttnBackend", "flex_attention": "TorchFlexAttnBackend",
-            "qsa": "QwenSparseAttnBackend"}.get(backend, backend)
+            "qsa": "QwenSparseAttnBackend",
+            "intel_xpu": "XPUAttentionBackend"}.get(backend, backend)
 
 
 # ---- the engine runner -------------------------------------------------------------------------

@@ -778,7 +778,7 @@ class CudaQueryWithoutCuda(RuntimeError):
 PLATFORM_DECODERS = {
     "intel_amx": "torch.ops.sgl_kernel.decode_attention_cpu",
     "aiter": "aiter.mla.mla_decode_fwd",
-    "intel_xpu": "sgl_kernel's XPU flash_attn_with_kvcache",
+    "intel_xpu": "sgl-kernel-xpu's flash_mla_decode (an MLA model; flash_attn_with_kvcache otherwise)",
     "ascend": "torch_npu's fused attention ops",
     "wave": "wave_lang's decode kernel",
 }

@@ -52,4 +52,5 @@ def backend_module(backend: str) -> str:
             "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
             "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
             "torch_native": "sglang.srt.layers.attention.torch_native_backend",
-            "flex_attention": "sglang.srt.layers.attention.torch_flex_backend"}.get(backend, "sglang")
+            "flex_attention": "sglang.srt.layers.attention.torch_flex_backend",
+            "intel_xpu": "sglang.srt.layers.attention.xpu_backend"}.get(backend, "sglang")
