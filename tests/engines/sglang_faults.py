@@ -41,6 +41,10 @@ Faults (what a buggy release could ship):
   hands SDPA / flex_attention the layer's scale times 1.05.
 * ``intel-amx-scale-x1.05``: ``IntelAMXAttnBackend.forward_decode`` hands
   sgl-kernel's (emulated) ``decode_attention_cpu`` the layer's scale times 1.05.
+* ``intel-xpu-scale-x1.05`` / ``intel-xpu-extend-scale-x1.05``: SGLang's
+  ``XPUAttentionBackend.forward_decode`` / ``forward_extend`` hands its
+  (emulated) ``flash_mla_decode`` / ``flash_mla_prefill`` the layer's softmax
+  scale times 1.05.
 * ``trtllm-mha-xqa-mask-full``: its XQA verify mask (``_xqa_spec_dec_mask``,
   passed by ``_run_fixed_q_len_decode``) has every bit set: each draft token
   sees the later ones.
@@ -112,6 +116,8 @@ CASES = {
     # intel_amx: SGLang's IntelAMXAttnBackend around sgl-kernel's CPU attention ops, emulated (level emulated)
     "v3-decode-intel-amx": ("deepseek-v3", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
     "llama-decode-intel-amx": ("llama-3.1-8b", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
+    "v3-decode-intel-xpu": ("deepseek-v3", "none", 1, "auto", "intel_xpu", 1, "xpu"),
+    "v3-chain-intel-xpu": ("deepseek-v3", "eagle-1x3", 1, "auto", "intel_xpu", 1, "xpu"),
 }
 
 
@@ -233,6 +239,8 @@ FAULTS = {
                                  lambda f: _sdpa_scaled(f, 1.05)),
     "flex-scale-x1.05": ("backend:flex_attention", "_run_flex_forward_decode", lambda f: _sdpa_scaled(f, 1.05)),
     "intel-amx-scale-x1.05": ("backend:intel_amx", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
+    "intel-xpu-scale-x1.05": ("backend:intel_xpu", "forward_decode", lambda f: _layer_scaled(f, 1.05)),
+    "intel-xpu-extend-scale-x1.05": ("backend:intel_xpu", "forward_extend", lambda f: _layer_scaled(f, 1.05)),
     # the KV-scale loader forgets that e4m3fnuz halves each value (kv_cache.py's own binding only: the
     # platform's fp8 type, derived from the same probe elsewhere, stays e4m3fnuz)
     "kv-scale-not-doubled-on-fnuz": ("only:sglang.srt.layers.quantization.kv_cache", "is_fp8_fnuz",

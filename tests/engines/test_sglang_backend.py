@@ -483,3 +483,22 @@ def test_rocm_cpu_and_xpu_cells_run_triton_and_torch_native_in_their_platform_pr
     assert not not_run, not_run
     verified = [i for i, c in cells.items() if (c["kernel"] or {}).get("status") == "verified"]
     assert {i.split("/")[4] for i in verified} == set(labels), verified
+
+
+def test_intel_xpu_runs_sglangs_xpu_backend_around_emulated_sgl_kernel_xpu_mla_ops():
+    """DeepSeek on ``intel_xpu``: SGLang's XPUAttentionBackend in the XPU child, its ``flash_mla_decode`` (decode)
+    and ``flash_mla_prefill`` (a chain's verify) emulated (``kernels/emulated/sgl_kernel_xpu_attention.py``):
+    verified at level emulated naming the ops; a scale x1.05 in the backend's decode or extend fails the cell."""
+    rows = drive(".venv-sglang", "none:v3-decode-intel-xpu", "intel-xpu-scale-x1.05:v3-decode-intel-xpu",
+                 "none:v3-chain-intel-xpu", "intel-xpu-extend-scale-x1.05:v3-chain-intel-xpu")
+    decode, chain = rows["none:v3-decode-intel-xpu"], rows["none:v3-chain-intel-xpu"]
+    assert decode["status"] == "verified" and decode["level"] == "emulated", decode
+    assert decode["function"] == "sglang.srt.layers.attention.xpu_backend:XPUAttentionBackend.forward_decode"
+    assert "sgl_kernel:flash_mla_decode" in decode["emulated"], decode
+    assert "ran in a process that imported SGLang on its XPU platform, answering for xpu" in decode["notes"]
+    assert chain["status"] == "verified" and chain["level"] == "emulated", chain
+    assert chain["function"] == "sglang.srt.layers.attention.xpu_backend:XPUAttentionBackend.forward_extend"
+    assert "sgl_kernel:flash_mla_prefill" in chain["emulated"], chain
+    for scenario in ("intel-xpu-scale-x1.05:v3-decode-intel-xpu", "intel-xpu-extend-scale-x1.05:v3-chain-intel-xpu"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row

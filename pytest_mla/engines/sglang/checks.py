@@ -106,8 +106,9 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
 
     host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
     reason = not_runnable(cell, runner.decode_attention_backend_str, host_arch)
+    # (another platform's cell, in its child: ``kernel_for`` says whether its check runs there)
     if reason is not None and runner.decode_attention_backend_str not in EMULATED and platform is None:
-        return None, reason  # nothing more to read: the backend cannot run here (another platform's: kernel_for)
+        return None, reason  # nothing more to read: the backend cannot run here
     tp = int(server_args.tp_size)
     dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
     # (ROCm's e4m3fnuz cache is SGLang's fp8_e4m3 there: kv_cache_dtype.py TORCH_DTYPE_TO_KV_CACHE_STR)
@@ -150,6 +151,9 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         emulate, reason = False, None
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
+        elif decode_backend == "intel_xpu" and not model.mla:
+            reason = ("SGLang's intel_xpu decodes a model without MLA with sgl_kernel.flash_attn's "
+                      "flash_attn_with_kvcache (sgl-kernel-xpu), which has no emulation yet")
         platform_ops = platform_emulations(cell, model, platform, decode_backend)
     # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md
     if (reason is None or emulate) and getattr(model, "index_topk", 0):
@@ -207,11 +211,18 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
 #: pool's masked path (``_set_kv_buffer``, triton_backend.py ``if self.dcp_size > 1``) and never reach it.
 PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",),
                 ("xpu", "xpu", False): ("sgl_kernel:store_cache_xpu",)}
-#: Ops a platform backend's own code calls (platform, backend) -> ops, on any arch and model: SGLang's
-#: ``IntelAMXAttnBackend`` decodes with ``decode_attention_cpu`` (which writes the new token's K/V too) and
-#: extends / verifies with ``extend_attention_cpu`` (intel_amx_backend.py).
-BACKEND_OPS = {("cpu", "intel_amx"): ("torch.ops.sgl_kernel:decode_attention_cpu",
-                                      "torch.ops.sgl_kernel:extend_attention_cpu")}
+#: A platform backend's own kernel-library calls on its check's path, emulated in ``kernels.emulated``:
+#: (platform, decode backend, MLA model?) -> ops. SGLang's ``IntelAMXAttnBackend`` decodes with
+#: ``decode_attention_cpu`` (which writes the new token's K/V too) and extends / verifies with
+#: ``extend_attention_cpu`` (intel_amx_backend.py), for any model. ``intel_xpu`` with an MLA model
+#: (``xpu_backend.py``, ``use_mla``): ``init_forward_metadata`` sizes its workspaces, ``forward_decode`` calls
+#: ``flash_mla_decode``, ``forward_extend`` (target verify, draft extend) ``flash_mla_prefill``
+#: (``sgl_kernel_xpu_attention``).
+_CPU_ATTENTION_OPS = ("torch.ops.sgl_kernel:decode_attention_cpu", "torch.ops.sgl_kernel:extend_attention_cpu")
+BACKEND_OPS = {("cpu", "intel_amx", True): _CPU_ATTENTION_OPS, ("cpu", "intel_amx", False): _CPU_ATTENTION_OPS,
+               ("xpu", "intel_xpu", True): ("sgl_kernel:flash_mla_decode", "sgl_kernel:flash_mla_prefill",
+                                            "sgl_kernel:flash_mla_decode_get_workspace_size",
+                                            "sgl_kernel:flash_mla_prefill_get_workspace_size")}
 
 
 def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: str) -> tuple[str, ...]:
@@ -225,7 +236,7 @@ def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: st
     from ..common.gpu_steps import _KernelName
 
     ops = PLATFORM_OPS.get((platform, str(cell.arch), bool(model.mla)), ())
-    ops += BACKEND_OPS.get((platform, decode_backend), ())
+    ops += BACKEND_OPS.get((platform, decode_backend, bool(model.mla)), ())
     missing = []
     for op in ops:
         path, _, name = op.partition(":")
@@ -270,7 +281,8 @@ def _class_of(backend: str) -> str:
             "fa4": "FlashAttentionBackend", "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
             "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
             "torch_native": "TorchNativeAttnBackend", "flex_attention": "TorchFlexAttnBackend",
-            "qsa": "QwenSparseAttnBackend", "intel_amx": "IntelAMXAttnBackend"}.get(backend, backend)
+            "qsa": "QwenSparseAttnBackend", "intel_amx": "IntelAMXAttnBackend",
+            "intel_xpu": "XPUAttentionBackend"}.get(backend, backend)
 
 
 # ---- the engine runner -------------------------------------------------------------------------

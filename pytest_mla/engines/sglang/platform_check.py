@@ -18,7 +18,11 @@ compiler for these platforms exists here (and none for the CPU platform at
 all: Triton compiles for GPUs). torch_native's decode is plain torch, run on
 this host's CPU. A path that reaches a compiled call of the platform's own
 kernel libraries (``sgl_kernel``'s CPU / XPU build, AMD's ``aiter``: import
-stubs in the child) stops the check as not-run naming that call.
+stubs in the child) stops the check as not-run naming that call, unless
+``kernels.emulated`` has that call's emulation (``emulations``): then the
+backend's own code runs around it. XPU's ``intel_xpu`` runs so: SGLang's
+``XPUAttentionBackend`` on this host's CPU around the emulated
+``sgl_kernel`` MLA ops (``kernels/emulated/sgl_kernel_xpu_attention.py``).
 """
 
 from __future__ import annotations
@@ -35,11 +39,12 @@ from ..common.sources import source_of
 
 __all__ = ["FP8_PROBES", "PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "emulations", "notes", "scope"]
 
-#: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``
-#: (``emulated`` where the path calls a platform op this host lacks: ``checks.PLATFORM_OPS``). The CPU
-#: platform's ``intel_amx`` is SGLang's own code around sgl-kernel's CPU attention ops, always emulated here.
+#: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``, or
+#: ``emulated`` where the path calls compiled ops of the platform's own library this host lacks
+#: (``checks.platform_emulations``: ``intel_amx``'s sgl-kernel CPU attention ops and ``intel_xpu``'s MLA ops
+#: always, a GQA pool's ``store_cache_*``).
 PLATFORM_CHECKS = {"rocm": ("triton", "torch_native"), "cpu": ("triton", "torch_native", "intel_amx"),
-                   "xpu": ("triton", "torch_native")}
+                   "xpu": ("triton", "torch_native", "intel_xpu")}
 PLATFORM_LABELS = {"rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
 
 #: The modules of the check's path (attention kernels and backends, pools, DCP, the DeepSeek attention).
@@ -107,6 +112,8 @@ def notes(options: Mapping[str, Any], changed: list[str]) -> tuple[str, ...]:
         said.append("SGLang's Triton kernels ran under Triton's interpreter on this host's CPU"
                     + (" (Triton has no compiler for the CPU platform)" if platform == "cpu" else
                        f" (no {label} device here)"))
+    elif options["backend"] == "intel_xpu":
+        said.append(f"SGLang's XPUAttentionBackend ran on this host's CPU (no {label} device here)")
     else:
         said.append(f"torch ran on this host's CPU (no {label} device here)" if platform != "cpu" else
                     "torch ran on this host's CPU")

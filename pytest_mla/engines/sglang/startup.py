@@ -779,7 +779,7 @@ class CudaQueryWithoutCuda(RuntimeError):
 #: ``platform_check.PLATFORM_CHECKS``).
 PLATFORM_DECODERS = {
     "aiter": "aiter.mla.mla_decode_fwd",
-    "intel_xpu": "sgl_kernel's XPU flash_attn_with_kvcache",
+    "intel_xpu": "sgl-kernel-xpu's flash_mla_decode (an MLA model; flash_attn_with_kvcache otherwise)",
     "ascend": "torch_npu's fused attention ops",
     "wave": "wave_lang's decode kernel",
 }

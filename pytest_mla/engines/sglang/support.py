@@ -53,4 +53,5 @@ def backend_module(backend: str) -> str:
             "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
             "torch_native": "sglang.srt.layers.attention.torch_native_backend",
             "flex_attention": "sglang.srt.layers.attention.torch_flex_backend",
-            "intel_amx": "sglang.srt.layers.attention.intel_amx_backend"}.get(backend, "sglang")
+            "intel_amx": "sglang.srt.layers.attention.intel_amx_backend",
+            "intel_xpu": "sglang.srt.layers.attention.xpu_backend"}.get(backend, "sglang")
