@@ -43,7 +43,8 @@ Faults (what a buggy release could ship):
   sgl-kernel's (emulated) ``decode_attention_cpu`` the layer's scale times 1.05.
 * ``intel-xpu-scale-x1.05`` / ``intel-xpu-extend-scale-x1.05``: SGLang's
   ``XPUAttentionBackend.forward_decode`` / ``forward_extend`` hands its
-  (emulated) ``flash_mla_decode`` / ``flash_mla_prefill`` the layer's softmax
+  (emulated) ``flash_mla_decode`` / ``flash_mla_prefill`` (an MLA model) or
+  sgl-kernel-xpu's ``flash_attn_with_kvcache`` (Llama) the layer's softmax
   scale times 1.05.
 * ``trtllm-mha-xqa-mask-full``: its XQA verify mask (``_xqa_spec_dec_mask``,
   passed by ``_run_fixed_q_len_decode``) has every bit set: each draft token
@@ -118,6 +119,8 @@ CASES = {
     "llama-decode-intel-amx": ("llama-3.1-8b", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
     "v3-decode-intel-xpu": ("deepseek-v3", "none", 1, "auto", "intel_xpu", 1, "xpu"),
     "v3-chain-intel-xpu": ("deepseek-v3", "eagle-1x3", 1, "auto", "intel_xpu", 1, "xpu"),
+    "llama-decode-intel-xpu": ("llama-3.1-8b", "none", 1, "auto", "intel_xpu", 1, "xpu"),
+    "llama-chain-intel-xpu": ("llama-3.1-8b", "eagle-1x3", 1, "auto", "intel_xpu", 1, "xpu"),
 }
 
 

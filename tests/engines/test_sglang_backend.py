@@ -485,6 +485,23 @@ def test_rocm_cpu_and_xpu_cells_run_triton_and_torch_native_in_their_platform_pr
     assert {i.split("/")[4] for i in verified} == set(labels), verified
 
 
+def test_intel_xpu_runs_sglangs_xpu_backend_on_llama_around_emulated_sgl_kernel_xpu_flash_attn():
+    """Llama on ``intel_xpu``: SGLang's XPUAttentionBackend in the XPU child, its decode and a chain's verify through
+    sgl-kernel-xpu's ``flash_attn_with_kvcache`` (``kernels/emulated/sgl_kernel_xpu_flash_attn.py``, not the CUDA
+    FA3 emulation of the same name): verified at level emulated naming it; a scale x1.05 fails the cell."""
+    rows = drive(".venv-sglang", "none:llama-decode-intel-xpu", "intel-xpu-scale-x1.05:llama-decode-intel-xpu",
+                 "none:llama-chain-intel-xpu", "intel-xpu-extend-scale-x1.05:llama-chain-intel-xpu")
+    for name, method in (("llama-decode-intel-xpu", "forward_decode"), ("llama-chain-intel-xpu", "forward_extend")):
+        row = rows[f"none:{name}"]
+        assert row["status"] == "verified" and row["level"] == "emulated", row
+        assert row["function"] == f"sglang.srt.layers.attention.xpu_backend:XPUAttentionBackend.{method}"
+        assert "sgl_kernel.flash_attn:flash_attn_with_kvcache" in row["emulated"], row
+    for scenario in ("intel-xpu-scale-x1.05:llama-decode-intel-xpu",
+                     "intel-xpu-extend-scale-x1.05:llama-chain-intel-xpu"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+
+
 def test_intel_xpu_runs_sglangs_xpu_backend_around_emulated_sgl_kernel_xpu_mla_ops():
     """DeepSeek on ``intel_xpu``: SGLang's XPUAttentionBackend in the XPU child, its ``flash_mla_decode`` (decode)
     and ``flash_mla_prefill`` (a chain's verify) emulated (``kernels/emulated/sgl_kernel_xpu_attention.py``):

@@ -161,3 +161,30 @@ def test_intel_amx_runs_in_the_cpu_child_with_sgl_kernels_cpu_attention_ops_emul
     assert platform_emulations(cell, SimpleNamespace(mla=True), "cpu", "torch_native") == ()
     said = notes({"platform": "cpu", "arch": "cpu_amx", "backend": "intel_amx"}, [])
     assert said[1] == "SGLang's IntelAMXAttnBackend ran on this host's CPU around sgl-kernel's CPU attention ops"
+
+
+def test_xpu_checks_install_sgl_kernel_xpus_flash_attn_with_kvcache_not_fa3s():
+    """``sgl_kernel.flash_attn:flash_attn_with_kvcache`` is FA3 on CUDA and sgl-kernel-xpu's op on XPU: an XPU
+    check installs the latter (its output is ragged ``[total_q, H, dv]`` even for a batched q; FA3's is
+    ``[b, s, H, dv]``), another platform's the former."""
+    import importlib
+
+    import torch
+
+    from pytest_mla.engines.sglang.checks import BACKEND_OPS
+    from pytest_mla.engines.sglang.platform_check import emulations
+
+    name = "sgl_kernel.flash_attn:flash_attn_with_kvcache"
+    assert BACKEND_OPS[("xpu", "intel_xpu", False)] == (name,)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 4, 64, generator=gen).to(torch.bfloat16)
+    cache = torch.randn(2, 64, 2, 64, generator=gen).to(torch.bfloat16)
+    args = dict(cache_seqlens=torch.tensor([5, 9], dtype=torch.int32),
+                page_table=torch.tensor([[0], [1]], dtype=torch.int32), causal=True)
+    shapes = {}
+    for platform in ("xpu", "cpu"):
+        with emulations((name,), platform) as log:
+            op = importlib.import_module("sgl_kernel.flash_attn").flash_attn_with_kvcache
+            shapes[platform] = tuple(op(q, cache, cache, **args).shape)
+        assert log.called == [name], log.called
+    assert shapes == {"xpu": (2, 4, 64), "cpu": (2, 1, 4, 64)}, shapes

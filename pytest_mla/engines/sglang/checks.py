@@ -151,9 +151,6 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         emulate, reason = False, None
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
-        elif decode_backend == "intel_xpu" and not model.mla:
-            reason = ("SGLang's intel_xpu decodes a model without MLA with sgl_kernel.flash_attn's "
-                      "flash_attn_with_kvcache (sgl-kernel-xpu), which has no emulation yet")
         platform_ops = platform_emulations(cell, model, platform, decode_backend)
     # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md
     if (reason is None or emulate) and getattr(model, "index_topk", 0):
@@ -217,12 +214,14 @@ PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cp
 #: ``extend_attention_cpu`` (intel_amx_backend.py), for any model. ``intel_xpu`` with an MLA model
 #: (``xpu_backend.py``, ``use_mla``): ``init_forward_metadata`` sizes its workspaces, ``forward_decode`` calls
 #: ``flash_mla_decode``, ``forward_extend`` (target verify, draft extend) ``flash_mla_prefill``
-#: (``sgl_kernel_xpu_attention``).
+#: (``sgl_kernel_xpu_attention``); without MLA both call ``sgl_kernel.flash_attn``'s ``flash_attn_with_kvcache``,
+#: sgl-kernel-xpu's, not FA3's (``sgl_kernel_xpu_flash_attn``, installed from the XPU platform's registry).
 _CPU_ATTENTION_OPS = ("torch.ops.sgl_kernel:decode_attention_cpu", "torch.ops.sgl_kernel:extend_attention_cpu")
 BACKEND_OPS = {("cpu", "intel_amx", True): _CPU_ATTENTION_OPS, ("cpu", "intel_amx", False): _CPU_ATTENTION_OPS,
                ("xpu", "intel_xpu", True): ("sgl_kernel:flash_mla_decode", "sgl_kernel:flash_mla_prefill",
                                             "sgl_kernel:flash_mla_decode_get_workspace_size",
-                                            "sgl_kernel:flash_mla_prefill_get_workspace_size")}
+                                            "sgl_kernel:flash_mla_prefill_get_workspace_size"),
+               ("xpu", "intel_xpu", False): ("sgl_kernel.flash_attn:flash_attn_with_kvcache",)}
 
 
 def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: str) -> tuple[str, ...]:
@@ -354,7 +353,7 @@ def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, A
                               "--mla-dcp-mode=distributed each rank is such a process: use in-process DCP)")
     try:
         with platform_check.scope(engine.rc, options["arch"]) as changed, \
-                platform_check.emulations(options.get("platform_emulations") or ()) as log:
+                platform_check.emulations(options.get("platform_emulations") or (), options["platform"]) as log:
             result = _run_rank(engine, inputs, ctx, options, None)
         if log is not None:
             result = dataclasses.replace(result, emulated=tuple(log.called), notes=tuple(result.notes) + (

@@ -54,27 +54,30 @@ _shared = SharedScope("sglang platform checks")
 _emulated_ops = SharedScope("sglang platform ops emulated")
 
 
-def emulations(names: tuple[str, ...]) -> contextlib.AbstractContextManager[Any]:
-    """The platform ops ``names`` emulated for one check, shared by its in-process DCP ranks (yields the
-    installation's ``CallLog``; None when there are none)."""
+def emulations(names: tuple[str, ...], platform: str | None = None) -> contextlib.AbstractContextManager[Any]:
+    """The platform ops ``names`` emulated for one check on ``platform``, shared by its in-process DCP ranks
+    (yields the installation's ``CallLog``; None when there are none)."""
     if not names:
         return contextlib.nullcontext(None)
-    return _emulated_ops.enter(tuple(names), lambda: _installed(tuple(names)))
+    return _emulated_ops.enter(tuple(names), lambda: _installed(tuple(names), platform))
 
 
 @contextlib.contextmanager
-def _installed(names: tuple[str, ...]) -> Iterator[Any]:
-    """``emulations_installed(names)``, and every SGLang binding of one of them to the child's kernel-library
-    stub (``from sgl_kernel import store_cache_xpu`` when the module loaded) pointed at the emulation.
+def _installed(names: tuple[str, ...], platform: str | None = None) -> Iterator[Any]:
+    """``emulations_installed(names)`` from the platform's registry (``emulated.platform_registry``: on XPU
+    ``sgl_kernel.flash_attn.flash_attn_with_kvcache`` is sgl-kernel-xpu's, not FA3's), and every SGLang binding
+    of one of them to the child's kernel-library stub (``from sgl_kernel import store_cache_xpu`` when the module
+    loaded) pointed at the emulation.
 
     Only the emulated names: ``emulation._validation_stubs_replaced`` (the CUDA emulated checks') resolves
     every stub, and in a platform child the other stubbed libraries (``flash_mla``) do not import."""
     import importlib
 
+    from ...kernels.emulated import NOT_IN_LIBRARY, platform_registry
     from ...kernels.emulated.install import emulations_installed
     from ..common.gpu_steps import _KernelName
 
-    with emulations_installed(names) as log:
+    with emulations_installed(names, platform_registry(platform), absent=NOT_IN_LIBRARY) as log:
         wanted = {}
         for name in names:
             path, _, attr = name.partition(":")

@@ -22,9 +22,10 @@ from typing import Any
 LIBRARY_MODULES = ("flashinfer", "flashinfer_gqa", "flashinfer_trtllm_mha", "flashinfer_comm", "flashmla", "flash_attn",
                    "flash_attn_cute", "cutlass_mla", "quant", "sglang_jit", "vllm_ops", "tokenspeed", "vllm_cpu",
                    "vllm_cpu_attn", "vllm_cpu_amx", "sgl_kernel_platforms", "sgl_kernel_cpu_attention",
-                   "sgl_kernel_xpu_attention")
+                   "sgl_kernel_xpu_attention", "sgl_kernel_xpu_flash_attn")
 
-__all__ = ["EMULATIONS", "LIBRARY_MODULES", "NOT_IN_LIBRARY", "OutOfContractError", "emulation_for"]
+__all__ = ["EMULATIONS", "LIBRARY_MODULES", "NOT_IN_LIBRARY", "OutOfContractError", "emulation_for",
+           "platform_registry"]
 
 
 def _registry() -> dict[str, Any]:
@@ -43,6 +44,16 @@ def _not_in_library() -> dict[str, frozenset[str]]:
         for module, names in getattr(importlib.import_module(f"{__name__}.{name}"), "NOT_IN_LIBRARY", {}).items():
             merged.setdefault(module, set()).update(names)
     return {module: frozenset(names) for module, names in merged.items()}
+
+
+def platform_registry(platform: str | None) -> dict[str, Any]:
+    """``EMULATIONS`` as a check on ``platform`` sees it: a module's ``PLATFORM_EMULATIONS[platform]`` entries
+    replace the CUDA ones of the same name (sgl-kernel-xpu's ``flash_attn_with_kvcache`` is not FA3's)."""
+    merged = dict(__getattr__("EMULATIONS"))
+    for name in LIBRARY_MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        merged.update(getattr(module, "PLATFORM_EMULATIONS", {}).get(platform, {}))
+    return merged
 
 
 def emulation_for(qualified_name: str) -> Any:
