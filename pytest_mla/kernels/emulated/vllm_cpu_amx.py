@@ -90,6 +90,7 @@ from __future__ import annotations
 import torch
 
 from .glue import OutOfContractError, OutOfRangeRead, as_float64, attend, check_dtype, check_index_range, write_out
+from .sgl_kernel_cpu_attention import _index_dtypes
 
 __all__ = ["EMULATIONS", "bmm_cpu", "convert_weight_packed", "decode_attention_cpu", "extend_attention_cpu"]
 
@@ -185,12 +186,7 @@ def decode_attention_cpu(query: torch.Tensor, k_buffer: torch.Tensor, v_buffer: 
             or attn_logits.dtype != torch.float32:
         raise RuntimeError(f"decode_attention_cpu: attn_logits {tuple(attn_logits.shape)} {attn_logits.dtype} for "
                            f"{num_seqs} sequences of {num_heads} heads, head_size_v {head_size_v}")
-    if req_to_token.dtype not in (torch.int32, torch.int64):
-        raise RuntimeError(f"decode: expect req_to_token to be int32 or int64, got {req_to_token.dtype}")
-    if seq_lens.dtype != torch.int64:
-        raise RuntimeError(f"decode: expect req_lens to be int64, got {seq_lens.dtype}")
-    if req_pool_indices.dtype != torch.int64:
-        raise RuntimeError(f"decode: expect req_pool_indices to be int64, got {req_pool_indices.dtype}")
+    _index_dtypes("decode", req_to_token, req_pool_indices, seq_lens)  # the same C++ checks (decode.cpp)
     is_mla = (k_buffer.data_ptr() == v_buffer.data_ptr() and k_buffer.shape[1] == 1
               and head_size == head_size_v + 64)
     if not is_mla:
