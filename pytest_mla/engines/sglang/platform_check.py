@@ -20,9 +20,12 @@ this host's CPU. A path that reaches a compiled call of the platform's own
 kernel libraries (``sgl_kernel``'s CPU / XPU build, AMD's ``aiter``: import
 stubs in the child) stops the check as not-run naming that call, unless
 ``kernels.emulated`` has that call's emulation (``emulations``): then the
-backend's own code runs around it. XPU's ``intel_xpu`` runs so: SGLang's
-``XPUAttentionBackend`` on this host's CPU around the emulated
-``sgl_kernel`` MLA ops (``kernels/emulated/sgl_kernel_xpu_attention.py``).
+backend's own code runs around it. ``intel_amx`` (CPU) and ``intel_xpu``
+(XPU) run so: SGLang's ``IntelAMXAttnBackend`` around sgl-kernel's CPU
+attention ops (``kernels/emulated/sgl_kernel_cpu_attention.py``), its
+``XPUAttentionBackend`` around sgl-kernel-xpu's MLA ops and, without MLA, its
+``flash_attn_with_kvcache`` (``sgl_kernel_xpu_attention.py``,
+``sgl_kernel_xpu_flash_attn.py``), on this host's CPU.
 """
 
 from __future__ import annotations
