@@ -994,6 +994,13 @@ def _spec_tokens(cell: Any) -> tuple[int, str | None]:
     return (spec.s_q - 1, spec.algorithm) if spec.enabled else (0, None)
 
 
+#: MLA backends whose builder reads nothing of the compilation config (CUDA-graph mode, capture size):
+#: TRITON_MLA's; XPUMLASparseMetadataBuilder (CUDA graphs NEVER; its ``__init__`` reads the scheduler's
+#: and model's config only). Their checks are one numeric case for every arch whose start-up resolved
+#: other CUDA-graph settings (SM100's larger capture size).
+COMPILATION_BLIND = ("TRITON_MLA", "XPU_MLA_SPARSE")
+
+
 def _mla_options(cell: Any, model: Any, tp: int) -> dict[str, Any]:
     tokens, method = _spec_tokens(cell)
     options = {"model": model.name, "num_heads": model.num_heads, "kv_lora_rank": model.kv_lora_rank,
@@ -1029,7 +1036,7 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
     path = _path_of(cell, startup)
     options["backend"] = name
     options["path"] = path
-    if name != "TRITON_MLA":
+    if name not in COMPILATION_BLIND:
         _startup_compilation(options, startup)
     calls = kernel_source.calls_of(name, path, (extra or {}).get("platform"))
     if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
