@@ -360,8 +360,9 @@ def test_xpu_mla_sparse_runs_its_triton_kernels_over_the_selection_and_faults_fa
     mapped to the next row, a scale × 1.05, or an indexer that leaves out the newest token fails the cell;
     an FP8 cache, which vLLM accepts on XPU, raises in forward_mqa (a declared finding)."""
     rows = drive(".venv-vllm", "none:v32-xpu-sparse", "none:v32-xpu-sparse-sm90",
-                 "sparse-index-next-slot:v32-xpu-sparse", "sparse-scale-x1.05:v32-xpu-sparse-sm90",
-                 "indexer-drops-newest:v32-xpu-sparse", "none:v32-xpu-sparse-fp8", timeout=1500)
+                 "sparse-index-next-slot:v32-xpu-sparse", "sparse-index-previous-slot:v32-xpu-sparse-sm90",
+                 "sparse-scale-x1.05:v32-xpu-sparse-sm90", "indexer-drops-newest:v32-xpu-sparse",
+                 "none:v32-xpu-sparse-fp8", timeout=1500)
     kernels = ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",
                "vllm.v1.attention.ops.xpu_mla_sparse:triton_bf16_mla_sparse_interface")
     for scenario in ("none:v32-xpu-sparse", "none:v32-xpu-sparse-sm90"):
@@ -369,10 +370,14 @@ def test_xpu_mla_sparse_runs_its_triton_kernels_over_the_selection_and_faults_fa
         assert row["status"] == "verified" and row["level"] == "backend" and not row["emulated"], row
         assert row["function"] == "vllm.v1.attention.backends.mla.xpu_mla_sparse:XPUMLASparseImpl.forward_mqa", row
         assert all(k in row["functions"] for k in kernels), row
-    for scenario in ("sparse-index-next-slot:v32-xpu-sparse", "sparse-scale-x1.05:v32-xpu-sparse-sm90",
-                     "indexer-drops-newest:v32-xpu-sparse"):
+    for scenario in ("sparse-index-next-slot:v32-xpu-sparse", "sparse-index-previous-slot:v32-xpu-sparse-sm90",
+                     "sparse-scale-x1.05:v32-xpu-sparse-sm90", "indexer-drops-newest:v32-xpu-sparse"):
         row = rows[scenario]
         assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+    # the next row of a request's newest token lies past it (NaN); the previous row is a finite misread
+    assert "NaN position(s) differ" in rows["sparse-index-next-slot:v32-xpu-sparse"]["message"]
+    assert "beyond abs" in rows["sparse-index-previous-slot:v32-xpu-sparse-sm90"]["message"]
+    assert "beyond abs" in rows["sparse-scale-x1.05:v32-xpu-sparse-sm90"]["message"]
     fp8 = rows["none:v32-xpu-sparse-fp8"]
     assert fp8["status"] == "failed" and fp8["finding"], fp8
     assert "FP8 kv is not supported with XPU MLA Sparse yet" in fp8["message"], fp8

@@ -53,7 +53,10 @@ Faults (what a buggy release could ship):
 * ``sparse-index-next-slot``: the index conversion of vLLM's sparse MLA
   (``sparse_utils.triton_convert_req_index_to_global_index``, which
   XPU_MLA_SPARSE's ``forward_mqa`` calls) maps every selected position to the
-  cache row after its own (a position mis-translated to a slot).
+  cache row after its own (a position mis-translated to a slot: the newest
+  token's next row is past the sequence, NaN in the check's cache);
+  ``sparse-index-previous-slot``: to the row before its own (the neighbour's
+  token, a finite misread).
 * ``sparse-scale-x1.05``: XPU_MLA_SPARSE's ``_forward_bf16_kv`` passes its
   Triton kernel (``triton_bf16_mla_sparse_interface``) the softmax scale × 1.05.
 * ``indexer-drops-newest``: the check's stand-in indexer (``checks._fill_topk``)
@@ -260,16 +263,19 @@ def _prefill_merge_fault(original: Any) -> Any:
     return merge_attn_states
 
 
-def _sparse_next_slot(original: Any) -> Any:
-    def triton_convert_req_index_to_global_index(*args, **kwargs):
-        import torch
+def _sparse_slot_shift(shift: int) -> Any:
+    def make(original: Any) -> Any:
+        def triton_convert_req_index_to_global_index(*args, **kwargs):
+            import torch
 
-        out = original(*args, **kwargs)
-        if isinstance(out, tuple):
-            return (torch.where(out[0] >= 0, out[0] + 1, out[0]), *out[1:])
-        return torch.where(out >= 0, out + 1, out)
+            out = original(*args, **kwargs)
+            rows = out[0] if isinstance(out, tuple) else out
+            moved = torch.where(rows + shift >= 0, rows + shift, rows).where(rows >= 0, rows)  # -1 stays -1
+            return (moved, *out[1:]) if isinstance(out, tuple) else moved
 
-    return triton_convert_req_index_to_global_index
+        return triton_convert_req_index_to_global_index
+
+    return make
 
 
 def _sparse_scale_fault(original: Any) -> Any:
@@ -313,7 +319,9 @@ FAULTS = {
     "prefill-merge-equal-weights": ("vllm.v1.attention.ops.merge_attn_states", "merge_attn_states",
                                     _prefill_merge_fault),
     "sparse-index-next-slot": ("vllm.v1.attention.backends.mla.sparse_utils",
-                               "triton_convert_req_index_to_global_index", _sparse_next_slot),
+                               "triton_convert_req_index_to_global_index", _sparse_slot_shift(1)),
+    "sparse-index-previous-slot": ("vllm.v1.attention.backends.mla.sparse_utils",
+                                   "triton_convert_req_index_to_global_index", _sparse_slot_shift(-1)),
     "sparse-scale-x1.05": ("vllm.v1.attention.ops.xpu_mla_sparse", "triton_bf16_mla_sparse_interface",
                            _sparse_scale_fault),
     "indexer-drops-newest": ("pytest_mla.engines.vllm.checks", "_fill_topk", _indexer_drops_newest),
