@@ -117,6 +117,10 @@ CASES = {
     # intel_amx: SGLang's IntelAMXAttnBackend around sgl-kernel's CPU attention ops, emulated (level emulated)
     "v3-decode-intel-amx": ("deepseek-v3", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
     "llama-decode-intel-amx": ("llama-3.1-8b", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
+    # DeepSeek-V3.2 (DSA) on a dense backend: SGLang's DSA pool, its indexer's gate, the backend's dense decode
+    "v32-decode-gfx942": ("deepseek-v3.2", "none", 1, "auto", "triton", 1, "gfx942"),
+    "v32-chain-fp8-gfx950": ("deepseek-v3.2", "eagle-1x3", 1, "fp8_e4m3", "triton", 1, "gfx950"),
+    "v32-decode-xpu": ("deepseek-v3.2", "none", 1, "auto", "triton", 1, "xpu"),
     "v3-decode-intel-xpu": ("deepseek-v3", "none", 1, "auto", "intel_xpu", 1, "xpu"),
     "v3-chain-intel-xpu": ("deepseek-v3", "eagle-1x3", 1, "auto", "intel_xpu", 1, "xpu"),
     "llama-decode-intel-xpu": ("llama-3.1-8b", "none", 1, "auto", "intel_xpu", 1, "xpu"),

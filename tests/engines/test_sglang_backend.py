@@ -519,3 +519,21 @@ def test_intel_xpu_runs_sglangs_xpu_backend_around_emulated_sgl_kernel_xpu_mla_o
     for scenario in ("intel-xpu-scale-x1.05:v3-decode-intel-xpu", "intel-xpu-extend-scale-x1.05:v3-chain-intel-xpu"):
         row = rows[scenario]
         assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+
+
+def test_deepseek_v32_on_triton_runs_sglangs_dsa_pool_and_indexer_gate_and_a_planted_fault_fails_it():
+    """DeepSeek-V3.2 (a DSA checkpoint) on triton in the ROCm / XPU children: SGLang's DSATokenToKVPool, its
+    indexer's own gate (no indexer metadata from a dense backend: no top-k, every token attended) and
+    TritonAttnBackend's decode / verify verify at level backend; a scale x1.05 in the Triton decode fails it."""
+    rows = drive(".venv-sglang", "none:v32-decode-gfx942", "decode-scale-x1.05:v32-decode-gfx942",
+                 "none:v32-chain-fp8-gfx950", "decode-scale-x1.05:v32-decode-xpu")
+    for scenario in ("none:v32-decode-gfx942", "none:v32-chain-fp8-gfx950"):
+        row = rows[scenario]
+        assert row["status"] == "verified" and row["level"] == "backend", row
+        assert "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer.forward_cuda" in row["functions"], row
+        assert any(n.startswith("SGLang's DSATokenToKVPool") for n in row["notes"]), row["notes"]
+        assert any(n.startswith("DSA indexer: TritonAttnBackend has no indexer metadata") and "within index_topk 2048"
+                   in n for n in row["notes"]), row["notes"]
+    for scenario in ("decode-scale-x1.05:v32-decode-gfx942", "decode-scale-x1.05:v32-decode-xpu"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row

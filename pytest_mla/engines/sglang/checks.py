@@ -88,6 +88,9 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: metadata raises before that (a finding, matrix/sglang.toml).
 EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla", "qsa")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
+#: Decode backends whose DSA-checkpoint cells the checks do not model: QSA's backend answers the DSA
+#: indexer's ``get_indexer_metadata`` with metadata of its own (qwen_sparse_attn_backend.py).
+DSA_UNMODELLED = ("qsa",)
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
 
@@ -152,11 +155,16 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
         platform_ops = platform_emulations(cell, model, platform, decode_backend)
-    # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md
-    if (reason is None or emulate) and getattr(model, "index_topk", 0):
+    # A DSA checkpoint (index_topk) on a dense backend: SGLang builds its DSA KV pool and runs the
+    # indexer, which hands no top-k to a backend without indexer metadata, so the backend attends
+    # every cached token (``DSA_DENSE``; docs/engines.md). QSA's backend has indexer metadata of its
+    # own, which the DSA indexer would read: not modelled.
+    dsa = bool(getattr(model, "index_topk", 0))
+    if (reason is None or emulate) and dsa and decode_backend in DSA_UNMODELLED:
         reason = (f"SGLang serves {cell.model}, a DeepSeek DSA checkpoint, with its DSA KV pool and its indexer's "
                   "top-k handed to the backend (DeepseekMLAForwardMixin, use_dsa: forward_mla.py's indexer call); "
-                  f"the check builds a dense MLA pool without an indexer, which is not how {decode_backend} serves it")
+                  f"{decode_backend}'s backend has indexer metadata of its own (get_indexer_metadata), which the "
+                  "check does not model")
         emulate = False
     if reason is not None and not emulate:
         return None, reason
@@ -183,6 +191,8 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         ("arch", cell.arch if emulate or platform is not None else None),
         ("platform", platform),
         ("platform_emulations", platform_ops if platform is not None else ()),
+        # a DSA checkpoint: SGLang's DSA KV pool and its indexer's gate (``DSA_DENSE``)
+        ("dsa", (int(model.index_topk),) if dsa else None),
     )
     case = [("h_q", num_heads * dcp), ("page_size", int(page_size)), ("kv_dtype", str(kv_cache_dtype)),
             ("min_seqlen", 1)]
