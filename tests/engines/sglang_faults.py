@@ -100,7 +100,7 @@ CASES = {
     "v3-decode-flex": ("deepseek-v3", "none", 1, "auto", "flex_attention", 1),
     "v3-decode-qsa": ("deepseek-v3", "none", 1, "auto", "qsa", 1, "sm90"),
     "llama-decode-flex": ("llama-3.1-8b", "none", 1, "auto", "flex_attention", 1),
-    "v32-decode-flex": ("deepseek-v3.2", "none", 1, "auto", "flex_attention", 1),
+    "v32-decode-flex": ("deepseek-v3.2", "none", 1, "auto", "flex_attention", 64),
     "llama-decode-fp8-flex": ("llama-3.1-8b", "none", 1, "fp8_e4m3", "flex_attention", 1),
     # other platforms: configured and checked in the child process of the cell's platform (``platform_check``)
     "v3-decode-gfx942": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx942"),

@@ -188,7 +188,8 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         # the arch the backend's code sees (it branches on it); an interpreted or native check runs
         # the same on every CUDA arch, an emulated one under the cell's faked platform, another
         # platform's cell in that platform's child under its own arch (``platform_check``)
-        ("arch", cell.arch if emulate or platform is not None else None),
+        # (a DSA checkpoint's native CUDA check too: its server arguments resolve per arch, ``run``)
+        ("arch", cell.arch if emulate or platform is not None or (dsa and decode_backend in NATIVE) else None),
         ("platform", platform),
         ("platform_emulations", platform_ops if platform is not None else ()),
         # a DSA checkpoint: SGLang's DSA KV pool and its indexer's gate (``DSA_DENSE``)
@@ -303,6 +304,26 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
 
     engine = pools.load_engine()
     if options["backend"] == "flex_attention":
+        if options.get("dsa") and options.get("arch") and options.get("platform") is None:
+            from . import emulation
+
+            from ...kernels.engine_runner import EngineCannotRun
+
+            try:
+                with emulation.stated_arch(engine, options["arch"]):
+                    result = _run_flex(engine, inputs, ctx, options)
+            except ImportError as exc:  # e.g. the stated Blackwell's fi_a2a DCP exchange: FlashInfer, not here
+                library = _missing_kernel_library(exc)
+                if library is None:
+                    raise
+                raise EngineCannotRun(f"SGLang on the stated {options['arch']} imports {library}, a kernel library "
+                                      "this host lacks (this flex_attention check emulates none)") from None
+            import dataclasses
+
+            return dataclasses.replace(result, notes=tuple(result.notes) + (
+                f"SGLang's server arguments resolved on a CPU host stated to SGLang as an {options['arch']} GPU "
+                "(runtime_context platform facts, get_device_capability): a DSA checkpoint's resolution reads "
+                "the capability; flex_attention itself ran on this CPU",))
         return _run_flex(engine, inputs, ctx, options)
     if options.get("platform") is not None:
         return _run_on_platform(engine, inputs, ctx, options)
