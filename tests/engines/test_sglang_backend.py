@@ -257,6 +257,21 @@ def test_dcp_case_holds_the_heads_of_the_whole_group():
     assert spec.function.endswith("TritonAttnBackend.forward_extend")
 
 
+def test_deepseek_v32_on_a_dense_backend_checks_with_the_dsa_pool_and_qsa_stays_not_run():
+    """A DSA checkpoint's dense cells carry the model's top-k (the check builds SGLang's DSA pool and runs its
+    indexer's gate); a native CUDA check keeps the cell's arch (SGLang resolves a DSA checkpoint per arch);
+    qsa, whose backend answers the indexer with metadata of its own, is not modelled."""
+    cell, model = _cell(model="deepseek-v3.2", backend="flex_attention", arch="sm90")
+    spec, reason = _spec(cell, model, decode_backend="flex_attention", page_size=64)
+    assert spec is not None and spec.level == "backend", reason
+    options = dict(spec.options)
+    assert options["dsa"] == (2048,) and options["arch"] == "sm90"
+    dense, _ = _spec(*_cell(model="deepseek-v3", backend="flex_attention", arch="sm90"), decode_backend="flex_attention")
+    assert dict(dense.options)["dsa"] is None and dict(dense.options)["arch"] is None
+    qsa, why = _spec(*_cell(model="deepseek-v3.2", backend="qsa", arch="sm90"), decode_backend="qsa", page_size=64)
+    assert qsa is None and "indexer metadata of its own" in why, why
+
+
 def test_qsa_on_a_model_without_a_qsa_indexer_raises_in_its_forward_metadata_a_finding_at_level_emulated():
     """SGLang builds the plain KV pool for a model without a QSA indexer; QwenSparseAttnBackend's forward
     metadata reads the QSA pool's compress ratio: AttributeError, before any kernel (a finding)."""
