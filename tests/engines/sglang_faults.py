@@ -50,6 +50,9 @@ Faults (what a buggy release could ship):
   passed by ``_run_fixed_q_len_decode``) has every bit set: each draft token
   sees the later ones.
 
+``requests-outgrow-topk`` is no fault: a DeepSeek-V3.2 case whose requests hold more tokens than a
+(scaled-down) top-k, the reference attending only the selection.
+
 A case is a Triton cell (checked under Triton's interpreter), or one naming a
 CUDA backend, checked at level ``emulated`` (its kernel library calls emulated)
 on the cell's arch: sm90 unless the case names another. A case on another
@@ -69,6 +72,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Not a fault: a DSA cell's check with a top-k selection smaller than its long request
+#: (``harness.SPARSE_CHECK_TOPK`` standing in for index_topk 2048), the reference attending only the
+#: selection, as a request longer than the model's top-k would have it (platform cases only).
+SPARSE_SCENARIO = "requests-outgrow-topk"
 FAULT_ENV = "PYTEST_MLA_SGLANG_FAULT"
 
 #: Cells the driver knows: id -> (model, spec, dcp, kv_dtype).
@@ -371,8 +378,11 @@ def platform_check(cell: Any, config: Any, *, fault: str, dtype: str, dcp_mode: 
     kernel = configured.kernel
     if kernel is None:
         raise SystemExit(f"{cell.id}: no check ({configured.kernel_reason})")
+    overrides = dict(kernel.case)
+    if fault == SPARSE_SCENARIO:  # not a fault: the case's requests outgrow the model's top-k (see the docstring)
+        overrides["sparse_topk"], fault = harness.SPARSE_CHECK_TOPK, "none"
     kernel = dataclasses.replace(kernel, target="sglang_faults:run", options=kernel.options + (("fault", fault),))
-    case = harness.case_for(cell.coords, config, seed=0, dtype=dtype, overrides=dict(kernel.case))
+    case = harness.case_for(cell.coords, config, seed=0, dtype=dtype, overrides=overrides)
     return engine.run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode, timeout_s=600)
 
 

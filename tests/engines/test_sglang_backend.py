@@ -552,3 +552,12 @@ def test_deepseek_v32_on_triton_runs_sglangs_dsa_pool_and_indexer_gate_and_a_pla
     for scenario in ("decode-scale-x1.05:v32-decode-gfx942", "decode-scale-x1.05:v32-decode-xpu"):
         row = rows[scenario]
         assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+
+
+def test_a_dense_backend_on_deepseek_v32_attends_past_the_models_top_k_which_the_check_sees_when_requests_outgrow_it():
+    """SGLang's dense backends get no top-k from the DSA indexer and attend every cached token: right while a
+    request holds at most index_topk (2048) tokens, the matrix's cells. A case whose requests outgrow a
+    scaled-down top-k (the reference attending only the selection) fails: the divergence past 2048 tokens
+    is observable (noticed in docs/engines.md, not declared in the matrix)."""
+    row = drive(".venv-sglang", "requests-outgrow-topk:v32-decode-gfx942")["requests-outgrow-topk:v32-decode-gfx942"]
+    assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
