@@ -778,8 +778,9 @@ class RankSetup:
             # the DSA pool's FP8 layout has one door, set_mla_kv_buffer (set_kv_buffer asserts it is not
             # that layout): it quantises the token (per-128 scales), so it takes the token itself
             token = k.to(self.dtype) * scale if scale is not None else k.to(self.dtype)
-            self.pool.set_mla_kv_buffer(self.layer, _write_loc(loc), token[..., :kv_lora].contiguous(),
-                                        token[..., kv_lora:].contiguous())
+            with self._guarded_rows():
+                self.pool.set_mla_kv_buffer(self.layer, _write_loc(loc), token[..., :kv_lora].contiguous(),
+                                            token[..., kv_lora:].contiguous())
             return
         if self.world == 1:
             self.pool.set_kv_buffer(self.layer, _write_loc(loc), k, k[..., :kv_lora])
