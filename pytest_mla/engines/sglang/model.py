@@ -140,8 +140,20 @@ def dsa_indexer_gate(setup: Any, q: torch.Tensor) -> tuple[Any, str]:
         raise AdapterError(f"SGLang's {type(backend).__name__} answers the DSA indexer with metadata of its own "
                            "(get_indexer_metadata): the check does not model its top-k")
     placeholder = torch.full((q.shape[0], 1), float("nan"), dtype=setup.dtype, device=setup.device)
-    with _tilelang_declarations(setup):
-        topk = getattr(indexer, method)(placeholder, placeholder, fb.positions, fb, 0)
+    try:
+        with _tilelang_declarations(setup):
+            topk = getattr(indexer, method)(placeholder, placeholder, fb.positions, fb, 0)
+    except ImportError as exc:
+        from ...kernels.engine_runner import EngineCannotRun
+        from .checks import _missing_kernel_library
+
+        library = _missing_kernel_library(exc)
+        if library is None or library.split(".")[0] != "tilelang":
+            raise
+        # (0.5.22: its TileLang module patches TileLang's own adapter classes at import, beyond the stand-in)
+        raise EngineCannotRun(f"SGLang's DSA indexer ({method}) imports SGLang's TileLang kernels, which need "
+                              f"{library} at import beyond the declarations pytest-mla's stand-in takes; the "
+                              "TileLang kernel library is not installed here") from None
     if topk is None:
         top_k = setup.options["dsa"][0]
         longest = max(setup.seqlens)
