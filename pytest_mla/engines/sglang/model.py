@@ -127,7 +127,7 @@ def dsa_indexer_gate(setup: Any, q: torch.Tensor) -> tuple[Any, str]:
     """
     import importlib
 
-    from ...core.errors import AdapterError
+    from .support import adapter_error
 
     indexer_module = importlib.import_module(_DSA_INDEXER)
     cls = indexer_module.Indexer
@@ -137,8 +137,8 @@ def dsa_indexer_gate(setup: Any, q: torch.Tensor) -> tuple[Any, str]:
     method = "forward_xpu" if platform == "xpu" else "forward_cuda"
     backend = setup.backend
     if type(backend).get_indexer_metadata is not _base_indexer_metadata():
-        raise AdapterError(f"SGLang's {type(backend).__name__} answers the DSA indexer with metadata of its own "
-                           "(get_indexer_metadata): the check does not model its top-k")
+        raise adapter_error("kernel check", f"SGLang's {type(backend).__name__} answers the DSA indexer with "
+                            "metadata of its own (get_indexer_metadata): the check does not model its top-k")
     placeholder = torch.full((q.shape[0], 1), float("nan"), dtype=setup.dtype, device=setup.device)
     try:
         with _tilelang_declarations(setup):
