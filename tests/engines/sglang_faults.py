@@ -50,6 +50,9 @@ Faults (what a buggy release could ship):
   passed by ``_run_fixed_q_len_decode``) has every bit set: each draft token
   sees the later ones.
 
+``requests-outgrow-topk`` is no fault: a DeepSeek-V3.2 case whose requests hold more tokens than a
+(scaled-down) top-k, the reference attending only the selection.
+
 A case is a Triton cell (checked under Triton's interpreter), or one naming a
 CUDA backend, checked at level ``emulated`` (its kernel library calls emulated)
 on the cell's arch: sm90 unless the case names another. A case on another
@@ -69,6 +72,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Not a fault: a DSA cell's check with a top-k selection smaller than its long request
+#: (``harness.SPARSE_CHECK_TOPK`` standing in for index_topk 2048), the reference attending only the
+#: selection, as a request longer than the model's top-k would have it (platform cases only).
+SPARSE_SCENARIO = "requests-outgrow-topk"
 FAULT_ENV = "PYTEST_MLA_SGLANG_FAULT"
 
 #: Cells the driver knows: id -> (model, spec, dcp, kv_dtype).
@@ -100,7 +107,7 @@ CASES = {
     "v3-decode-flex": ("deepseek-v3", "none", 1, "auto", "flex_attention", 1),
     "v3-decode-qsa": ("deepseek-v3", "none", 1, "auto", "qsa", 1, "sm90"),
     "llama-decode-flex": ("llama-3.1-8b", "none", 1, "auto", "flex_attention", 1),
-    "v32-decode-flex": ("deepseek-v3.2", "none", 1, "auto", "flex_attention", 1),
+    "v32-decode-flex": ("deepseek-v3.2", "none", 1, "auto", "flex_attention", 64),
     "llama-decode-fp8-flex": ("llama-3.1-8b", "none", 1, "fp8_e4m3", "flex_attention", 1),
     # other platforms: configured and checked in the child process of the cell's platform (``platform_check``)
     "v3-decode-gfx942": ("deepseek-v3", "none", 1, "auto", "triton", 1, "gfx942"),
@@ -117,6 +124,10 @@ CASES = {
     # intel_amx: SGLang's IntelAMXAttnBackend around sgl-kernel's CPU attention ops, emulated (level emulated)
     "v3-decode-intel-amx": ("deepseek-v3", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
     "llama-decode-intel-amx": ("llama-3.1-8b", "none", 1, "auto", "intel_amx", 1, "cpu_amx"),
+    # DeepSeek-V3.2 (DSA) on a dense backend: SGLang's DSA pool, its indexer's gate, the backend's dense decode
+    "v32-decode-gfx942": ("deepseek-v3.2", "none", 1, "auto", "triton", 1, "gfx942"),
+    "v32-chain-fp8-gfx950": ("deepseek-v3.2", "eagle-1x3", 1, "fp8_e4m3", "triton", 1, "gfx950"),
+    "v32-decode-xpu": ("deepseek-v3.2", "none", 1, "auto", "triton", 1, "xpu"),
     "v3-decode-intel-xpu": ("deepseek-v3", "none", 1, "auto", "intel_xpu", 1, "xpu"),
     "v3-chain-intel-xpu": ("deepseek-v3", "eagle-1x3", 1, "auto", "intel_xpu", 1, "xpu"),
     "llama-decode-intel-xpu": ("llama-3.1-8b", "none", 1, "auto", "intel_xpu", 1, "xpu"),
@@ -367,8 +378,11 @@ def platform_check(cell: Any, config: Any, *, fault: str, dtype: str, dcp_mode: 
     kernel = configured.kernel
     if kernel is None:
         raise SystemExit(f"{cell.id}: no check ({configured.kernel_reason})")
+    overrides = dict(kernel.case)
+    if fault == SPARSE_SCENARIO:  # not a fault: the case's requests outgrow the model's top-k (see the docstring)
+        overrides["sparse_topk"], fault = harness.SPARSE_CHECK_TOPK, "none"
     kernel = dataclasses.replace(kernel, target="sglang_faults:run", options=kernel.options + (("fault", fault),))
-    case = harness.case_for(cell.coords, config, seed=0, dtype=dtype, overrides=dict(kernel.case))
+    case = harness.case_for(cell.coords, config, seed=0, dtype=dtype, overrides=overrides)
     return engine.run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode, timeout_s=600)
 
 

@@ -257,6 +257,21 @@ def test_dcp_case_holds_the_heads_of_the_whole_group():
     assert spec.function.endswith("TritonAttnBackend.forward_extend")
 
 
+def test_deepseek_v32_on_a_dense_backend_checks_with_the_dsa_pool_and_qsa_stays_not_run():
+    """A DSA checkpoint's dense cells carry the model's top-k (the check builds SGLang's DSA pool and runs its
+    indexer's gate); a native CUDA check keeps the cell's arch (SGLang resolves a DSA checkpoint per arch);
+    qsa, whose backend answers the indexer with metadata of its own, is not modelled."""
+    cell, model = _cell(model="deepseek-v3.2", backend="flex_attention", arch="sm90")
+    spec, reason = _spec(cell, model, decode_backend="flex_attention", page_size=64)
+    assert spec is not None and spec.level == "backend", reason
+    options = dict(spec.options)
+    assert options["dsa"] == (2048,) and options["arch"] == "sm90"
+    dense, _ = _spec(*_cell(model="deepseek-v3", backend="flex_attention", arch="sm90"), decode_backend="flex_attention")
+    assert dict(dense.options)["dsa"] is None and dict(dense.options)["arch"] is None
+    qsa, why = _spec(*_cell(model="deepseek-v3.2", backend="qsa", arch="sm90"), decode_backend="qsa", page_size=64)
+    assert qsa is None and "indexer metadata of its own" in why, why
+
+
 def test_qsa_on_a_model_without_a_qsa_indexer_raises_in_its_forward_metadata_a_finding_at_level_emulated():
     """SGLang builds the plain KV pool for a model without a QSA indexer; QwenSparseAttnBackend's forward
     metadata reads the QSA pool's compress ratio: AttributeError, before any kernel (a finding)."""
@@ -519,3 +534,30 @@ def test_intel_xpu_runs_sglangs_xpu_backend_around_emulated_sgl_kernel_xpu_mla_o
     for scenario in ("intel-xpu-scale-x1.05:v3-decode-intel-xpu", "intel-xpu-extend-scale-x1.05:v3-chain-intel-xpu"):
         row = rows[scenario]
         assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+
+
+def test_deepseek_v32_on_triton_runs_sglangs_dsa_pool_and_indexer_gate_and_a_planted_fault_fails_it():
+    """DeepSeek-V3.2 (a DSA checkpoint) on triton in the ROCm / XPU children: SGLang's DSATokenToKVPool, its
+    indexer's own gate (no indexer metadata from a dense backend: no top-k, every token attended) and
+    TritonAttnBackend's decode / verify verify at level backend; a scale x1.05 in the Triton decode fails it."""
+    rows = drive(".venv-sglang", "none:v32-decode-gfx942", "decode-scale-x1.05:v32-decode-gfx942",
+                 "none:v32-chain-fp8-gfx950", "decode-scale-x1.05:v32-decode-xpu")
+    for scenario in ("none:v32-decode-gfx942", "none:v32-chain-fp8-gfx950"):
+        row = rows[scenario]
+        assert row["status"] == "verified" and row["level"] == "backend", row
+        assert "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer.forward_cuda" in row["functions"], row
+        assert any(n.startswith("SGLang's DSATokenToKVPool") for n in row["notes"]), row["notes"]
+        assert any(n.startswith("DSA indexer: TritonAttnBackend has no indexer metadata") and "within index_topk 2048"
+                   in n for n in row["notes"]), row["notes"]
+    for scenario in ("decode-scale-x1.05:v32-decode-gfx942", "decode-scale-x1.05:v32-decode-xpu"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+
+
+def test_a_dense_backend_on_deepseek_v32_attends_past_the_models_top_k_which_the_check_sees_when_requests_outgrow_it():
+    """SGLang's dense backends get no top-k from the DSA indexer and attend every cached token: right while a
+    request holds at most index_topk (2048) tokens, the matrix's cells. A case whose requests outgrow a
+    scaled-down top-k (the reference attending only the selection) fails: the divergence past 2048 tokens
+    is observable (noticed in docs/engines.md, not declared in the matrix)."""
+    row = drive(".venv-sglang", "requests-outgrow-topk:v32-decode-gfx942")["requests-outgrow-topk:v32-decode-gfx942"]
+    assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row

@@ -88,6 +88,9 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: metadata raises before that (a finding, matrix/sglang.toml).
 EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla", "qsa")
 _BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
+#: Decode backends whose DSA-checkpoint cells the checks do not model: QSA's backend answers the DSA
+#: indexer's ``get_indexer_metadata`` with metadata of its own (qwen_sparse_attn_backend.py).
+DSA_UNMODELLED = ("qsa",)
 
 _FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
 
@@ -152,11 +155,16 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
         platform_ops = platform_emulations(cell, model, platform, decode_backend)
-    # a DSA checkpoint on any dense backend, the emulated CUDA ones (fa4) included: see docs/engines.md
-    if (reason is None or emulate) and getattr(model, "index_topk", 0):
+    # A DSA checkpoint (index_topk) on a dense backend: SGLang builds its DSA KV pool and runs the
+    # indexer, which hands no top-k to a backend without indexer metadata, so the backend attends
+    # every cached token (``DSA_DENSE``; docs/engines.md). QSA's backend has indexer metadata of its
+    # own, which the DSA indexer would read: not modelled.
+    dsa = bool(getattr(model, "index_topk", 0))
+    if (reason is None or emulate) and dsa and decode_backend in DSA_UNMODELLED:
         reason = (f"SGLang serves {cell.model}, a DeepSeek DSA checkpoint, with its DSA KV pool and its indexer's "
                   "top-k handed to the backend (DeepseekMLAForwardMixin, use_dsa: forward_mla.py's indexer call); "
-                  f"the check builds a dense MLA pool without an indexer, which is not how {decode_backend} serves it")
+                  f"{decode_backend}'s backend has indexer metadata of its own (get_indexer_metadata), which the "
+                  "check does not model")
         emulate = False
     if reason is not None and not emulate:
         return None, reason
@@ -180,9 +188,12 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         # the arch the backend's code sees (it branches on it); an interpreted or native check runs
         # the same on every CUDA arch, an emulated one under the cell's faked platform, another
         # platform's cell in that platform's child under its own arch (``platform_check``)
-        ("arch", cell.arch if emulate or platform is not None else None),
+        # (a DSA checkpoint's native CUDA check too: its server arguments resolve per arch, ``run``)
+        ("arch", cell.arch if emulate or platform is not None or (dsa and decode_backend in NATIVE) else None),
         ("platform", platform),
         ("platform_emulations", platform_ops if platform is not None else ()),
+        # a DSA checkpoint: SGLang's DSA KV pool and its indexer's gate (``DSA_DENSE``)
+        ("dsa", (int(model.index_topk),) if dsa else None),
     )
     case = [("h_q", num_heads * dcp), ("page_size", int(page_size)), ("kv_dtype", str(kv_cache_dtype)),
             ("min_seqlen", 1)]
@@ -293,6 +304,26 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
 
     engine = pools.load_engine()
     if options["backend"] == "flex_attention":
+        if options.get("dsa") and options.get("arch") and options.get("platform") is None:
+            from . import emulation
+
+            from ...kernels.engine_runner import EngineCannotRun
+
+            try:
+                with emulation.stated_arch(engine, options["arch"]):
+                    result = _run_flex(engine, inputs, ctx, options)
+            except ImportError as exc:  # e.g. the stated Blackwell's fi_a2a DCP exchange: FlashInfer, not here
+                library = _missing_kernel_library(exc)
+                if library is None:
+                    raise
+                raise EngineCannotRun(f"SGLang on the stated {options['arch']} imports {library}, a kernel library "
+                                      "this host lacks (this flex_attention check emulates none)") from None
+            import dataclasses
+
+            return dataclasses.replace(result, notes=tuple(result.notes) + (
+                f"SGLang's server arguments resolved on a CPU host stated to SGLang as an {options['arch']} GPU "
+                "(runtime_context platform facts, get_device_capability): a DSA checkpoint's resolution reads "
+                "the capability; flex_attention itself ran on this CPU",))
         return _run_flex(engine, inputs, ctx, options)
     if options.get("platform") is not None:
         return _run_on_platform(engine, inputs, ctx, options)

@@ -32,7 +32,7 @@ import torch
 from ..common.shared_scope import SharedScope
 from .support import CUDA_TOOLKIT, EMULATED_LIBRARIES
 
-__all__ = ["EMULATED_LIBRARIES", "Scope", "emulation_names", "scope"]
+__all__ = ["EMULATED_LIBRARIES", "Scope", "emulation_names", "scope", "stated_arch"]
 
 
 _shared = SharedScope("sglang emulated checks")
@@ -151,6 +151,17 @@ def _entered(engine: Any, options: dict[str, Any]) -> Iterator[Scope]:
         yield current
     finally:
         current.stack.close()
+
+
+_stated = SharedScope("sglang stated arch")
+
+
+def stated_arch(engine: Any, arch: str) -> contextlib.AbstractContextManager[None]:
+    """Only the cell's GPU arch stated to SGLang (its platform facts, ``get_device_capability``), no
+    emulation: for a native check whose server-argument resolution asks the GPU (a DSA checkpoint's
+    ``handle_model_specific_adjustments`` reads the capability; its DSA backends, and so its KV layout,
+    follow the arch). Shared by the check's ranks like ``scope``."""
+    return _stated.enter(None, lambda: _platform(engine, arch))
 
 
 def scope(engine: Any, options: dict[str, Any]) -> contextlib.AbstractContextManager[Scope]:

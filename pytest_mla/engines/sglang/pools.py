@@ -7,6 +7,7 @@ version number: SGLang 0.5.20 to 0.5.23 move these pieces between releases.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
@@ -17,7 +18,7 @@ import os
 import threading
 import types
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -523,7 +524,10 @@ class RankSetup:
         max_len = max(seqlens) + 8
         self.req_to_token_pool = construct(engine.memory_pool.ReqToTokenPool, size=len(seqlens) + 3,
                                            max_context_len=max_len, device=str(self.device), enable_memory_saver=False)
-        if self.options["mla"]:
+        if self.options.get("dsa"):
+            self.pool = self._dsa_pool(rows)
+            self.buffers = [self.pool.kv_buffer[0]]
+        elif self.options["mla"]:
             self.pool = construct(engine.memory_pool.MLATokenToKVPool, rows, page_size=page, dtype=self.kv_dtype,
                                   kv_lora_rank=mc.kv_lora_rank, qk_rope_head_dim=mc.qk_rope_head_dim, layer_num=1,
                                   device=str(self.device), enable_memory_saver=False, start_layer=0, end_layer=0)
@@ -548,6 +552,42 @@ class RankSetup:
         self.translator = construct(engine.translator_cls, req_to_token=self.req_to_token_pool.req_to_token,
                                     token_to_kv_pool_allocator=self.allocator, token_to_kv_pool=self.pool,
                                     page_size=page, device=str(self.device), is_draft_worker=False)
+
+    def _dsa_pool(self, rows: int) -> Any:
+        """SGLang's DSA KV pool, as its KV-cache configurator builds it for a DSA checkpoint on any MLA
+        backend (kv_cache_configurator.py ``_build_dsa_kv_pool``: ``use_mla_backend and is_dsa_model``):
+        the latent rows in the layout ``calculate_mla_kv_cache_dim`` resolves for the platform and the
+        DSA backends SGLang resolved (an e4m3 cache may be FP8 NoPE with per-128 scales and a bf16 RoPE
+        tail), and the indexer's key cache beside them (left NaN: nothing in a dense backend's decode
+        reads it)."""
+        from sglang.srt.configs import model_config as mcfg
+        from sglang.srt.mem_cache.kv_cache_configurator import calculate_mla_kv_cache_dim
+
+        mc = self.model_config
+        hf = mc.hf_config
+        dim = calculate_mla_kv_cache_dim(model_config=mc, kv_cache_dtype=self.kv_dtype)
+        optional = {}
+        for name, getter in (("index_kpool", "get_dsa_index_kpool"),
+                             ("index_kpool_compress", "get_dsa_index_kpool_compress")):
+            if hasattr(mcfg, getter):
+                optional[name] = getattr(mcfg, getter)(hf)
+        pool = construct(self.engine.memory_pool.DSATokenToKVPool, rows, page_size=self.options["page_size"],
+                         kv_lora_rank=mc.kv_lora_rank, dtype=self.kv_dtype, qk_rope_head_dim=mc.qk_rope_head_dim,
+                         layer_num=1, device=str(self.device), index_head_dim=mcfg.get_dsa_index_head_dim(hf),
+                         enable_memory_saver=False, kv_cache_dim=dim, start_layer=0, end_layer=0,
+                         max_running_requests=self.req_to_token_pool.size, **optional)
+        index = getattr(pool, "index_k_with_scale_buffer", None)
+        for buffer in index if isinstance(index, (list, tuple)) else ():
+            if buffer.is_floating_point():
+                buffer.fill_(math.nan)
+            else:
+                buffer.fill_(0xFF)
+        layout = ("FP8 NoPE with per-128 scales and a bf16 RoPE tail" if getattr(pool, "dsa_kv_cache_store_fp8", False)
+                  else f"{str(self.kv_dtype).removeprefix('torch.')} rows")
+        self._notes.append(f"SGLang's DSATokenToKVPool, as its KV-cache configurator builds it for "
+                           f"{self.options['model']} on any MLA backend: latent rows of {pool.kv_cache_dim} "
+                           f"({layout}; calculate_mla_kv_cache_dim) and the indexer's key cache")
+        return pool
 
     # -- the backend, through SGLang's factory ------------------------------------------------------
     def _runner(self) -> Any:
@@ -734,11 +774,21 @@ class RankSetup:
             k = k.to(self.dtype) * scale  # the token itself: the door casts it to the cache dtype
         elif self._fnuz_halves():
             k = k.to(torch.float32) / 2  # K / (2 k_scale), exact in e4m3fnuz: the door casts it
+        if getattr(self.pool, "dsa_kv_cache_store_fp8", False):
+            # the DSA pool's FP8 layout has one door, set_mla_kv_buffer (set_kv_buffer asserts it is not
+            # that layout): it quantises the token (per-128 scales), so it takes the token itself
+            token = k.to(self.dtype) * scale if scale is not None else k.to(self.dtype)
+            with self._guarded_rows():
+                self.pool.set_mla_kv_buffer(self.layer, _write_loc(loc), token[..., :kv_lora].contiguous(),
+                                            token[..., kv_lora:].contiguous())
+            return
         if self.world == 1:
             self.pool.set_kv_buffer(self.layer, _write_loc(loc), k, k[..., :kv_lora])
             return
         try:
-            self.pool.set_mla_kv_buffer(self.layer, loc, k[..., :kv_lora].contiguous(), k[..., kv_lora:].contiguous())
+            with self._guarded_rows():
+                self.pool.set_mla_kv_buffer(self.layer, loc, k[..., :kv_lora].contiguous(),
+                                            k[..., kv_lora:].contiguous())
         except Exception as exc:
             from triton.runtime.errors import InterpreterError
 
@@ -753,6 +803,44 @@ class RankSetup:
             self.buffers[0][rows] = k[keep].to(self.kv_dtype).view(self.buffers[0].dtype)
             self._notes.append("cached MLA rows written at filter_dcp_local_kv_indices(loc) // dcp_size "
                                "(set_mla_kv_buffer's Triton kernel does not run under the interpreter here)")
+
+    @contextlib.contextmanager
+    def _guarded_rows(self) -> Iterator[None]:
+        """Under DCP, a DSA pool's write door runs on its buffer extended by ``dcp - 1`` guard buffers.
+
+        The door takes the widened DCP loc (``set_mla_kv_buffer``: up to
+        ``dcp`` times the rank's rows) and must keep each token the rank owns
+        at ``loc // dcp``. A write past the rank's rows would land in foreign
+        memory on a GPU (under Triton's interpreter: this process's heap): the
+        guard rows, NaN-poisoned, take it instead, and a guard row written
+        afterwards is SGLang's out-of-range write (``OutOfRangeRead``, a write: a finding).
+        """
+        pool = self.pool
+        if self.world == 1 or not self.options.get("dsa"):
+            yield
+            return
+        buffer = pool.kv_buffer[0]
+        rows = buffer.shape[0]
+        guarded = torch.empty((rows * self.world, *buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device)
+        poison(guarded, self.kv_dtype)
+        guarded[:rows] = buffer
+        tail_before = guarded[rows:].clone()
+        pool.kv_buffer[0] = guarded
+        try:
+            yield
+        finally:
+            pool.kv_buffer[0] = buffer
+        buffer.copy_(guarded[:rows])
+        changed = (guarded[rows:].view(torch.uint8) != tail_before.view(torch.uint8)).reshape(rows * (self.world - 1), -1)
+        written = changed.any(dim=1).nonzero().flatten()
+        if written.numel():
+            from ...kernels.emulated.glue import OutOfRangeRead
+
+            raise OutOfRangeRead(
+                "loc", f"sglang.srt.mem_cache.memory_pool:{type(pool).__name__}.set_mla_kv_buffer under DCP "
+                f"{self.world} wrote {written.numel()} row(s) past the rank's {rows} (first: row "
+                f"{rows + int(written[0])}): the widened DCP loc reached the buffer without the owner rule "
+                "(loc // dcp), an out-of-range write on a GPU")
 
     # -- the forward batch ------------------------------------------------------------------------
     def _build_batch(self) -> None:
