@@ -283,7 +283,7 @@ def test_qsa_on_a_model_without_a_qsa_indexer_raises_in_its_forward_metadata_a_f
 def test_a_missing_kernel_library_import_in_an_emulated_run_is_named_never_a_finding():
     """An ImportError whose cause is a kernel library this host lacks (QSA's varlen fallback wraps it) is the
     check's limit (not-run naming the library), whatever SGLang's own wrapper says."""
-    from pytest_mla.engines.sglang.checks import _missing_kernel_library
+    from pytest_mla.engines.sglang.support import missing_kernel_library
 
     try:
         try:
@@ -291,9 +291,9 @@ def test_a_missing_kernel_library_import_in_an_emulated_run_is_named_never_a_fin
         except ImportError as cause:
             raise ImportError("QSA decode requires flash_attn (FA2), flash-attn-4 (FA4 cute)") from cause
     except ImportError as exc:
-        assert _missing_kernel_library(exc) == "flash_attn.cute"
-    assert _missing_kernel_library(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
-    assert _missing_kernel_library(ImportError("cannot import name 'x' from 'sglang.srt'")) is None
+        assert missing_kernel_library(exc) == "flash_attn.cute"
+    assert missing_kernel_library(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
+    assert missing_kernel_library(ImportError("cannot import name 'x' from 'sglang.srt'")) is None
 
 
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "flashmla", "trtllm_mla"])

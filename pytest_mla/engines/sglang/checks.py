@@ -53,7 +53,7 @@ from typing import Any, Iterator, Mapping
 from ...core.errors import AdapterError
 from ...core.kernelspec import KernelSpec
 from ...core.spec import parse_spec
-from .support import backend_module
+from .support import backend_module, missing_kernel_library
 
 __all__ = ["TARGET", "kernel_for", "kernel_from", "run"]
 
@@ -313,7 +313,7 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
                 with emulation.stated_arch(engine, options["arch"]):
                     result = _run_flex(engine, inputs, ctx, options)
             except ImportError as exc:  # e.g. the stated Blackwell's fi_a2a DCP exchange: FlashInfer, not here
-                library = _missing_kernel_library(exc)
+                library = missing_kernel_library(exc)
                 if library is None:
                     raise
                 raise EngineCannotRun(f"SGLang on the stated {options['arch']} imports {library}, a kernel library "
@@ -342,24 +342,11 @@ def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         raise EngineCannotRun(f"SGLang's {options['backend']} backend called a kernel outside the emulations' "
                               f"contracts: {exc}") from None
     except ImportError as exc:
-        library = _missing_kernel_library(exc)
+        library = missing_kernel_library(exc)
         if library is None:
             raise
         raise EngineCannotRun(f"SGLang's {options['backend']} backend imports {library}, a kernel library this "
                               "host lacks and no emulation stands in for") from None
-
-
-def _missing_kernel_library(exc: BaseException) -> str | None:
-    """The kernel library whose absence ``exc`` (or an exception it was raised from) reports, if any."""
-    from .support import KERNEL_LIBRARIES
-
-    seen = 0
-    while exc is not None and seen < 8:
-        name = getattr(exc, "name", None) or ""
-        if isinstance(exc, ModuleNotFoundError) and name.split(".", 1)[0] in KERNEL_LIBRARIES:
-            return name
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
 
 
 def _run_on_platform(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:

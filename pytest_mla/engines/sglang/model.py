@@ -145,9 +145,9 @@ def dsa_indexer_gate(setup: Any, q: torch.Tensor) -> tuple[Any, str]:
             topk = getattr(indexer, method)(placeholder, placeholder, fb.positions, fb, 0)
     except ImportError as exc:
         from ...kernels.engine_runner import EngineCannotRun
-        from .checks import _missing_kernel_library
+        from .support import missing_kernel_library
 
-        library = _missing_kernel_library(exc)
+        library = missing_kernel_library(exc)
         if library is None or library.split(".")[0] != "tilelang":
             raise
         # (0.5.22: its TileLang module patches TileLang's own adapter classes at import, beyond the stand-in)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...core.errors import AdapterError
 
-__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "backend_module", "make_dataclass"]
+__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "backend_module", "make_dataclass", "missing_kernel_library"]
 
 #: The kernel libraries SGLang's CUDA attention backends call (emulated at level ``emulated``).
 EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")  # sglang: its own JIT kernels
@@ -55,3 +55,14 @@ def backend_module(backend: str) -> str:
             "flex_attention": "sglang.srt.layers.attention.torch_flex_backend",
             "intel_amx": "sglang.srt.layers.attention.intel_amx_backend",
             "intel_xpu": "sglang.srt.layers.attention.xpu_backend"}.get(backend, "sglang")
+
+
+def missing_kernel_library(exc: BaseException) -> str | None:
+    """The kernel library whose absence ``exc`` (or an exception it was raised from) reports, if any."""
+    seen = 0
+    while exc is not None and seen < 8:
+        name = getattr(exc, "name", None) or ""
+        if isinstance(exc, ModuleNotFoundError) and name.split(".", 1)[0] in KERNEL_LIBRARIES:
+            return name
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
