@@ -29,7 +29,8 @@ from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell
 from .errors import MatrixError, Problem
 from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
 from .rules import (
-    FIELD_VALUES, REASONS_PLACEHOLDER, Expectation, Predicate, Reason, Rule, decide, field_kind, known_fields, placeholders, _COMPARE,
+    FIELD_VALUES, REASONS_PLACEHOLDER, Expectation, Predicate, Reason, Rule, RuleIndex, decide, field_kind, known_fields,
+    placeholders, _COMPARE,
 )
 from .spec import SpecError, parse_spec
 from .text import describe_char, first_invisible, regex_problem
@@ -92,7 +93,7 @@ class Matrix:
         try:
             return self._expectations[key]
         except KeyError:
-            expect = decide(self.rules, cell, self.models[cell.model], _as_version(engine_version))
+            expect = decide(self.rules, cell, self.models[cell.model], _as_version(engine_version), self._index)
             # Equal expectations are one object: thousands of cells share a handful (less to keep,
             # less for the garbage collector to walk through on every full collection).
             expect = self._expectations[key] = self._expectations.setdefault(expect, expect)
@@ -106,6 +107,10 @@ class Matrix:
         read = frozenset().union(*(rule.axes for rule in self.rules))
         axes = [a for a in self.axes if a in read]
         return operator.attrgetter(*axes) if axes else (lambda cell: ())
+
+    @functools.cached_property
+    def _index(self) -> RuleIndex:
+        return RuleIndex(self.rules, self.axes, self.models)
 
     @functools.cached_property
     def _expectations(self) -> dict[Any, Expectation]:
@@ -621,12 +626,11 @@ class _Builder:
         shadow: dict[int, int] = {}
         reasons_wanted = {(r.index, i) for r in rules for i in range(len(r.reasons))}
         reasons_seen: set[tuple[int, int]] = set()
+        index = RuleIndex(rules, axes, models)
         for cell in expand_cells(axes):
             model = models[cell.model]
             decider: Rule | None = None
-            for rule in rules:
-                if not rule.matches(cell, model):
-                    continue
+            for rule in index.rules_matching(cell):
                 matched.add(rule.index)
                 if decider is None:
                     decided.add(rule.index)

@@ -569,3 +569,61 @@ def test_reasons_mistakes_are_reported_with_their_line(tmp_path, body, needle, e
         load_matrix(path, display_path="matrix/m.toml")
     line = line_of(path, needle)
     assert any(p.startswith(f"matrix/m.toml:{line}: {expected}") for p in str(info.value).splitlines()), str(info.value)
+
+
+@pytest.mark.parametrize("name", ["sglang", "vllm", "reference"])
+def test_the_rule_index_matches_what_each_rule_says_on_the_shipped_matrices(name):
+    """``RuleIndex`` answers from per-value bitmasks; each rule's own ``matches`` is the truth. Every
+    13th cell of the shipped matrices (all their rule kinds: reasons, model fields, spec and arch
+    fields, version gates), and the expectation each way."""
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    from pytest_mla.core.rules import RuleIndex, decide
+
+    path = Path(__file__).resolve().parents[2] / "matrix" / f"{name}.toml"
+    matrix = load_matrix(path)
+    index = RuleIndex(matrix.rules, matrix.axes, matrix.models)
+    assert any(rule.reasons for rule in matrix.rules) or name != "vllm"
+    for n, cell in enumerate(matrix.cells()):
+        if n % 13:
+            continue
+        model = matrix.models[cell.model]
+        assert [r.index for r in index.rules_matching(cell)] == [r.index for r in matrix.rules if r.matches(cell, model)]
+        for version in (None, Version("0.5.22"), Version("0.34.0")):
+            assert decide(matrix.rules, cell, model, version, index) == decide(matrix.rules, cell, model, version), cell.id
+
+
+def test_rule_index_honours_reasons_that_read_another_axis_than_the_rule(tmp_path):
+    """A reject rule with reasons matches only where one of its reasons holds; the reasons may read
+    axes its ``when`` does not (here ``dcp`` and ``model.mla``)."""
+    axes = """
+        [axes]
+        model = ["deepseek-v3", "llama-3.1-8b"]
+        backend = ["a", "b"]
+        dcp = [1, 2]
+        spec = ["none", "eagle-1x3"]
+        arch = ["sm90", "gfx942"]
+    """
+    path = write(tmp_path, """
+        [[rule]]
+        when = { backend = "a" }
+        reject = { error = "ValueError", message = "no: {reasons}" }
+        reasons = [
+          { when = { dcp = 2 }, text = "DCP not supported" },
+          { when = { "model.mla" = false, "spec.enabled" = true }, text = "spec needs MLA" },
+        ]
+
+        [[rule]]
+        when = { "arch.platform" = "rocm" }
+        reject = { error = "ValueError", message = "rocm" }
+    """, axes=axes)
+    matrix = load_matrix(path)
+    got = {cell.id: (e.kind, e.message) for cell in matrix.cells() for e in [matrix.expectation(cell)]}
+    assert got["deepseek-v3/a/dcp1/none/sm90"] == ("accept", None)
+    assert got["deepseek-v3/a/dcp2/none/sm90"] == ("reject", "no: ['DCP not supported']")
+    assert got["llama-3.1-8b/a/dcp2/eagle-1x3/sm90"] == ("reject", "no: ['DCP not supported', 'spec needs MLA']")
+    assert got["llama-3.1-8b/a/dcp1/eagle-1x3/gfx942"] == ("reject", "no: ['spec needs MLA']")
+    assert got["deepseek-v3/a/dcp1/eagle-1x3/gfx942"] == ("reject", "rocm")
+    assert got["llama-3.1-8b/b/dcp2/none/sm90"] == ("accept", None)
