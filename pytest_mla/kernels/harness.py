@@ -61,11 +61,17 @@ class KernelCase:
     dcp: int  # ranks the cache is split over
     dcp_interleave: int  # tokens per rank-block (1 = cyclic)
     seed: int  # input seed, derived from the numbers above
+    #: Sparse attention: tokens each query token attends (the indexer's top-k; ``inputs.gen_topk_indices``),
+    #: 0 = dense. A check uses fewer than its requests hold (``SPARSE_CHECK_TOPK``), so that the selection
+    #: is a strict subset; the engine's own index buffer may be wider (padded with -1).
+    sparse_topk: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["seqlens"] = list(self.seqlens)
         d["kv_scales"] = list(self.kv_scales)
+        if not self.sparse_topk:
+            del d["sparse_topk"]
         return d
 
 
@@ -79,6 +85,11 @@ def _stable_seed(base: int, fields: Mapping[str, Any]) -> int:
 #: the output in proportion to the spread of the attended logits, which grows with the log of
 #: the request's length (docs/check-power.md); at 6 tokens it stays inside an fp8 tolerance.
 MIN_LONG = 64
+#: The sparse selection of a check (``KernelCase.sparse_topk``): fewer tokens than the long request
+#: holds (``MIN_LONG``), so each of its query tokens attends a strict subset of what it may see, and a
+#: kernel that attends an unselected token, drops a selected one or maps a position to the wrong slot
+#: moves the output (docs/check-power.md).
+SPARSE_CHECK_TOPK = 32
 
 
 def _check_seqlens(s_q: int, dcp: int, page_size: int, interleave: int) -> tuple[int, ...]:
@@ -129,7 +140,7 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
         "mla": model.mla, "batch": 0, "s_q": spec.s_q, "h_q": h_q, "h_kv": h_kv, "d_qk": model.d_qk,
         "d_v": model.d_v, "page_size": page_size, "dtype": dtype, "kv_dtype": kv_dtype, "kv_scales": None,
         "seqlens": (), "softmax_scale": model.softmax_scale,
-        "spec_topk": topk, "spec_steps": steps, "dcp": dcp, "dcp_interleave": interleave,
+        "spec_topk": topk, "spec_steps": steps, "dcp": dcp, "dcp_interleave": interleave, "sparse_topk": 0,
     }
     overrides = dict(overrides or {})
     min_seqlen = int(overrides.pop("min_seqlen", 0))
@@ -152,6 +163,8 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
                            f"need {max(fields['seqlens']):,} tokens per request (at most {MAX_CHECK_TOKENS:,} here)")
     fields["batch"] = len(fields["seqlens"])
     plain = {**fields, "seqlens": list(fields["seqlens"]), "kv_scales": list(fields["kv_scales"])}
+    if not plain["sparse_topk"]:  # a dense case's seed is what it was before the field existed
+        del plain["sparse_topk"]
     return KernelCase(**fields, seed=_stable_seed(seed, plain))
 
 
@@ -177,6 +190,7 @@ def gen_case_inputs(case: KernelCase, profile: Any = None, kv_scale: float | str
         page_size=case.page_size, dtype=case.dtype, kv_dtype=case.kv_dtype, softmax_scale=case.softmax_scale,
         spec_topk=case.spec_topk, spec_steps=case.spec_steps, seed=case.seed,
         logits=DISCRIMINATING if profile is None else profile, dcp=(case.dcp, case.dcp_interleave), kv_scale=kv_scale,
+        sparse_topk=case.sparse_topk,
     )
 
 

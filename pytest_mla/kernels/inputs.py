@@ -18,6 +18,10 @@
 * fp8 e4m3 KV carries a power-of-two ``kv_scale``, so the dequantised values are
   exact in bf16/fp16/fp32 and the reference sees exactly what the kernel sees.
 * Speculative trees: ``gen_tree_mask`` draws a random draft tree per request.
+* Sparse attention (DeepSeek-V3.2's indexer): ``gen_topk_indices`` draws each
+  query token's selection, a strict subset of what it may see whenever it sees
+  more than ``K`` tokens; the planted tokens are chosen among the selected ones
+  and an unselected token would dominate if the selection were ignored.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ __all__ = [
     "gen_generator",
     "gen_paged_cache",
     "gen_poisoned_out",
+    "gen_topk_indices",
     "gen_tree_mask",
+    "selected_mask",
     "gen_uniform_values",
 ]
 
@@ -101,6 +107,9 @@ class DecodeInputs:
     kv_scale: float | None = None  # dequantisation scale of an fp8 cache
     tree_mask: torch.Tensor | None = None  # [b, s_q, s_q] bool, speculative tree; None = causal
     causal: bool = True
+    #: Sparse attention: ``[b, s_q, K]`` int32, the request-relative positions of the tokens each query
+    #: token attends (the indexer's top-k, in no order), ``-1`` padding at the end; None = dense.
+    topk_indices: torch.Tensor | None = None
 
     @property
     def shape(self) -> dict[str, int]:
@@ -113,7 +122,8 @@ class DecodeInputs:
         return {"q": self.q, "kv_cache": self.kv_cache, "block_table": self.block_table,
                 "cache_seqlens": self.cache_seqlens, "head_dim_v": self.head_dim_v,
                 "softmax_scale": self.softmax_scale, "causal": self.causal, "kv_scale": self.kv_scale,
-                "v_cache": self.v_cache, "tree_mask": self.tree_mask}
+                "v_cache": self.v_cache, "tree_mask": self.tree_mask,
+                **({"topk_indices": self.topk_indices} if self.topk_indices is not None else {})}
 
     def stored_unscaled(self) -> "DecodeInputs":
         """The inputs as an engine holds them when it stores each token itself in the cache format,
@@ -251,6 +261,49 @@ def _visible(n: int, s_q: int, i: int, tree_mask: torch.Tensor | None, causal: b
     return torch.ones(n, dtype=torch.bool)
 
 
+def selected_mask(topk_row: torch.Tensor, n: int) -> torch.Tensor:
+    """Which of a request's ``n`` tokens one query token's selection ``[K]`` (``-1`` = none) names, ``[n]`` bool.
+
+    An entry outside ``[-1, n)`` raises: a selection never names a token the request does not hold.
+    """
+    row = topk_row.to(torch.int64).flatten()
+    bad = (row < -1) | (row >= n)
+    if bool(bad.any()):
+        raise ValueError(f"top-k index {int(row[bad][0])} out of range for a request of {n} tokens (-1 = none)")
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[row[row >= 0]] = True
+    return mask
+
+
+def gen_topk_indices(seqlens: Sequence[int], s_q: int, k: int, generator: torch.Generator, *, page_size: int,
+                     tree_mask: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
+    """Each query token's sparse selection, ``[b, s_q, k]`` int32: request-relative positions, ``-1`` padding.
+
+    Drawn among the tokens the query may see (causal or tree mask). A query that sees ``k`` tokens
+    or fewer selects all of them; otherwise exactly ``k``: always its newest and first visible token
+    and those either side of the first page boundary (the positions ``power`` reads from a neighbour's
+    slot, so each misread is of a selected token), the rest at random. The positions come in a random
+    order (an indexer's top-k is not sorted), the ``-1`` padding at the end.
+    """
+    if k < 1:
+        raise ValueError(f"a sparse selection needs k >= 1, not {k}")
+    b = len(seqlens)
+    out = torch.full((b, s_q, k), -1, dtype=torch.int32)
+    for r, n in enumerate(seqlens):
+        for i in range(s_q):
+            vis = _visible(n, s_q, i, tree_mask[r] if tree_mask is not None else None, causal)
+            idx = vis.nonzero().flatten()
+            if idx.numel() > k:
+                must = [p for p in dict.fromkeys([int(idx[-1]), int(idx[0]), page_size - 1, page_size])
+                        if 0 <= p < n and bool(vis[p])][:k]
+                rest = idx[~torch.isin(idx, torch.tensor(must, dtype=idx.dtype))]
+                extra = rest[torch.randperm(rest.numel(), generator=generator)[: k - len(must)]]
+                idx = torch.cat([torch.tensor(must, dtype=idx.dtype), extra])
+            idx = idx[torch.randperm(idx.numel(), generator=generator)]
+            out[r, i, : idx.numel()] = idx.to(torch.int32)
+    return out
+
+
 def _planted_targets(visible: torch.Tensor, page_size: int, owner_of: list[int], world: int) -> list[int]:
     """Positions worth a head's dominant token, in order: the newest visible token, the first, the
     tokens either side of the first page boundary, the first token of every DCP rank (so every
@@ -281,8 +334,12 @@ def gen_planted_q(
     tree_mask: torch.Tensor | None = None,  # [b, s_q, s_q]
     causal: bool = True,
     dcp: tuple[int, int] = (1, 1),  # (world, interleave): the rank that owns each position
+    topk_indices: torch.Tensor | None = None,  # [b, s_q, K] sparse selection (-1 = none)
 ) -> torch.Tensor:
     """Queries ``[b, s_q, h_q, d_qk]`` (float64) whose logits follow ``profile`` at ``softmax_scale``.
+
+    With ``topk_indices`` a query sees only its selected tokens: the planted target is a selected
+    token and the hidden one (which would dominate if the mask were dropped) may be an unselected one.
 
     Per (request, query), for all heads at once: ``a·z`` gives ordinary logits
     a spread of ``profile.spread`` (``a`` from the rms norm of the visible
@@ -310,6 +367,8 @@ def gen_planted_q(
         lowering: dict[tuple[int, int, bytes], torch.Tensor] = {}  # (kv head, rank, visible set) -> direction
         for i in range(s_q):
             vis = _visible(n, s_q, i, tree_mask[r_i] if tree_mask is not None else None, causal)  # [n]
+            if topk_indices is not None:
+                vis = vis & selected_mask(topk_indices[r_i, i], n)
             vis_idx = vis.nonzero().flatten()
             hidden = (~vis).nonzero().flatten()
             rms = norms2[:, vis_idx if vis_idx.numel() else slice(None)].mean(-1).sqrt().clamp(min=1e-30)  # [h_kv]
@@ -406,6 +465,7 @@ def gen_decode_inputs(
     logits: LogitProfile | None = DISCRIMINATING,
     dcp: tuple[int, int] = (1, 1),
     kv_scale: float | str | None = None,
+    sparse_topk: int = 0,
 ) -> DecodeInputs:
     """Seeded inputs for one decode call: ``len(seqlens)`` requests of ``s_q`` query tokens.
 
@@ -421,7 +481,9 @@ def gen_decode_inputs(
     dequantised and re-quantised values stay exact in every dtype),
     ``"calibrated"`` (amax over the format's largest value, unrounded), ``1.0``
     (a checkpoint without KV scales), or a number. With an fp8 cache q is rounded through the cache's fp8
-    format too, so a kernel that feeds q to an fp8 MMA rounds nothing.
+    format too, so a kernel that feeds q to an fp8 MMA rounds nothing. ``sparse_topk > 0``: each query
+    token attends only the ``sparse_topk`` tokens ``gen_topk_indices`` selects (``topk_indices``), drawn
+    after the tree mask; 0 = dense (the inputs are then what they were without the option).
     """
     if mla and h_kv != 1:
         raise ValueError("an MLA cache has one latent head (h_kv = 1)")
@@ -451,13 +513,16 @@ def gen_decode_inputs(
         v_cache = v_cache.to(torch_dtype) if v_cache is not None else None
 
     tree_mask = gen_tree_mask(spec_topk, spec_steps, g, batch=b) if spec_topk > 1 else None
+    topk_indices = gen_topk_indices(seqlens, s_q, sparse_topk, g, page_size=page_size, tree_mask=tree_mask) \
+        if sparse_topk > 0 else None
 
     if logits is None:
         q = (z / 10).clamp(-1.0, 1.0)  # FlashMLA's randn / 10 (nearly flat logits)
     else:
         # the keys as the reference reads them (dequantised), request by request
         seen = [_dequantised_rows(kv_cache, block_table[i], n, fp8_scale) for i, n in enumerate(seqlens)]
-        q = gen_planted_q(z, seen, scale, logits, g, page_size=page_size, tree_mask=tree_mask, dcp=dcp)
+        q = gen_planted_q(z, seen, scale, logits, g, page_size=page_size, tree_mask=tree_mask, dcp=dcp,
+                          topk_indices=topk_indices)
     if kv_dtype in FP8_DTYPES:
         q = q.to(FP8_DTYPES[kv_dtype][0]).to(torch.float64)  # exact in bf16 / fp16 / fp32 too
     q = q.to(torch_dtype)
@@ -471,6 +536,7 @@ def gen_decode_inputs(
         v_cache=v_cache,
         kv_scale=fp8_scale,
         tree_mask=tree_mask,
+        topk_indices=topk_indices,
     )
 
 

@@ -12,8 +12,8 @@ tolerance does not count as seen:
 * ``misread_token``: one cached token read from its neighbour's slot — the
   newest token, the first, the first token of the second page (off-by-one
   writes and page-table mistakes); each position must be caught;
-* ``mask_dropped`` (speculative verify): every draft token visible to every
-  query (the causal or tree mask ignored);
+* ``mask_dropped`` (speculative verify, sparse selection): every token visible
+  to every query (the causal or tree mask, and a sparse selection, ignored);
 * ``merge_equal_weights`` (DCP): the ranks' partial outputs averaged instead
   of weighted by their LSEs;
 * ``lse_base_swapped`` (DCP): a base-2 LSE read as natural log in the merge
@@ -79,6 +79,10 @@ def _requests(x: DecodeInputs) -> list[_Request]:
             visible = pos[None, :] <= (first + torch.arange(s_q))[:, None]
         else:
             visible = torch.ones(s_q, n, dtype=torch.bool)
+        if x.topk_indices is not None:  # sparse: each query sees its selected tokens only
+            from .inputs import selected_mask
+
+            visible = visible & torch.stack([selected_mask(x.topk_indices[i, j].cpu(), n) for j in range(s_q)])
         out.append(_Request(scores, v, visible))
     return out
 
@@ -284,7 +288,7 @@ def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: floa
     """``measure_power``; fills ``magnitude_out`` (``[b, s_q, h_q, d_v]``) with ``output_magnitude(x)`` if given."""
     b, s_q, h_q, _ = x.q.shape
     world, interleave = dcp
-    masked = s_q > 1 and (x.causal or x.tree_mask is not None)
+    masked = (s_q > 1 and (x.causal or x.tree_mask is not None)) or x.topk_indices is not None
     page_size = x.kv_cache.shape[1]
     d_v = x.head_dim_v
 

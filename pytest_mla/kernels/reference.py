@@ -12,6 +12,9 @@ Conventions shared with ``triton_mla.mla_decode``:
   ``tree_mask [b, s_q, s_q]`` the keys ``g >= S - s_q`` are draft tokens
   ``t = g - (S - s_q)``, visible iff ``tree_mask[b, i, t]``; the prefix is
   always visible (the tree mask replaces the causal rule).
+* Sparse attention: ``topk_indices [b, s_q, K]`` (request-relative positions,
+  ``-1`` = none, in any order) restricts each query token to the tokens it
+  names, within the mask above; an index outside ``[-1, S)`` raises.
 
 ``ref_mla_decode`` reads an unsharded paged cache. ``ref_kernel`` is a float64
 stand-in with the kernel's full signature (DCP positions included), used to
@@ -59,8 +62,12 @@ def ref_attend(
     softmax_scale: float,
     causal: bool = True,
     tree_mask: torch.Tensor | None = None,  # [s_q, s_q] bool
+    topk_indices: torch.Tensor | None = None,  # [s_q, K] request-relative positions each query attends, -1 = none
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of one request over explicit keys: ``(out [s_q, h_q, d_v], lse [h_q, s_q])``."""
+    """Attention of one request over explicit keys: ``(out [s_q, h_q, d_v], lse [h_q, s_q])``.
+
+    ``topk_indices``: a sparse selection; query ``i`` attends only the keys whose position it names.
+    """
     s_q, h_q, _ = q.shape
     s_k, h_kv, d_v = v.shape
     group = h_q // h_kv
@@ -80,6 +87,12 @@ def ref_attend(
     else:
         visible = torch.ones(s_q, s_k, dtype=torch.bool)
     visible = visible & (key_pos < seqlen)[None, :]
+    if topk_indices is not None:
+        chosen = topk_indices.to(torch.int64)
+        bad = (chosen < -1) | (chosen >= seqlen)
+        if bool(bad.any()):
+            raise ValueError(f"top-k index {int(chosen[bad][0])} out of range for a request of {seqlen} tokens")
+        visible = visible & (key_pos[None, :, None] == chosen[:, None, :]).any(-1)  # -1 names no key
 
     scores = scores.masked_fill(~visible[None], -math.inf)
     lse = torch.logsumexp(scores, dim=-1)  # [h_q, s_q]; -inf where nothing is visible
@@ -91,7 +104,7 @@ def ref_attend(
 
 def _ref_paged(
     q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale, v_cache, tree_mask,
-    positions_of, global_seqlens,
+    positions_of, global_seqlens, topk_indices=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The reference computes on the CPU in float64 whatever device the inputs are on (a GPU test passes
     # CUDA tensors) and answers on the inputs' device.
@@ -100,16 +113,16 @@ def _ref_paged(
     def host(t):
         return t.cpu() if isinstance(t, torch.Tensor) else t
 
-    q, kv_cache, block_table, cache_seqlens, v_cache, tree_mask, global_seqlens = map(
-        host, (q, kv_cache, block_table, cache_seqlens, v_cache, tree_mask, global_seqlens))
+    q, kv_cache, block_table, cache_seqlens, v_cache, tree_mask, global_seqlens, topk_indices = map(
+        host, (q, kv_cache, block_table, cache_seqlens, v_cache, tree_mask, global_seqlens, topk_indices))
     out, lse = _ref_paged_host(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale,
-                               v_cache, tree_mask, positions_of, global_seqlens)
+                               v_cache, tree_mask, positions_of, global_seqlens, topk_indices)
     return out.to(device), lse.to(device)
 
 
 def _ref_paged_host(
     q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale, v_cache, tree_mask,
-    positions_of, global_seqlens,
+    positions_of, global_seqlens, topk_indices=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     b, s_q, h_q, d_qk = q.shape
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d_qk)
@@ -125,7 +138,8 @@ def _ref_paged_host(
         seqlen = int(global_seqlens[i]) if global_seqlens is not None else n
         mask = tree_mask[i] if tree_mask is not None else None
         out[i], lse[i] = ref_attend(
-            q[i].to(torch.float64), k, v, positions_of(n), seqlen, scale, causal, mask
+            q[i].to(torch.float64), k, v, positions_of(n), seqlen, scale, causal, mask,
+            topk_indices[i] if topk_indices is not None else None,
         )
     return out, lse
 
@@ -141,17 +155,19 @@ def ref_mla_decode(
     kv_scale: float | None = None,
     v_cache: torch.Tensor | None = None,  # [num_pages, page_size, h_kv, d_v] (GQA) or None (MLA)
     tree_mask: torch.Tensor | None = None,  # [b, s_q, s_q] bool
+    topk_indices: torch.Tensor | None = None,  # [b, s_q, K] int sparse selection, -1 = none
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 decode on an unsharded paged cache: ``(out [b, s_q, h_q, d_v], lse [b, h_q, s_q])``.
 
     An fp8 cache is dequantised with ``kv_scale`` first, so quantisation error
-    is not counted against the kernel.
+    is not counted against the kernel. ``topk_indices``: each query token attends
+    only the tokens it selects (sparse attention; see the module docstring).
     """
     def positions(n: int) -> torch.Tensor:
         return torch.arange(n, dtype=torch.int64)
 
     return _ref_paged(q, kv_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal, kv_scale,
-                      v_cache, tree_mask, positions, None)
+                      v_cache, tree_mask, positions, None, topk_indices)
 
 
 def ref_kernel(

@@ -351,3 +351,33 @@ def test_cpu_cells_of_gqa_and_amx_mla_models_verify_in_a_matrix_run(tmp_path):
         assert any("imported vLLM on its CPU platform" in note for note in kernel["notes"]), kernel["notes"]
     amx = [c for c in cells if c["coords"]["model"] == "deepseek-v2-lite" and c["coords"]["arch"] == "cpu_amx"]
     assert len(amx) == 6, [c["id"] for c in amx]  # auto, FLASHMLA, AMX_MLA x none, eagle-1x3 (bf16 KV only)
+
+
+def test_xpu_mla_sparse_runs_its_triton_kernels_over_the_selection_and_faults_fail_it():
+    """DeepSeek-V3.2 on XPU (any forced backend resolves to XPU_MLA_SPARSE) and XPU_MLA_SPARSE forced on a CUDA
+    arch: vLLM's sparse MLA layer reads the check's selection from its top-k buffer (2048 wide, -1 past the
+    selection), converts it to cache rows and decodes with its Triton kernel, level backend. A position
+    mapped to the next row, a scale × 1.05, or an indexer that leaves out the newest token fails the cell;
+    an FP8 cache, which vLLM accepts on XPU, raises in forward_mqa (a declared finding)."""
+    rows = drive(".venv-vllm", "none:v32-xpu-sparse", "none:v32-xpu-sparse-sm90",
+                 "sparse-index-next-slot:v32-xpu-sparse", "sparse-index-previous-slot:v32-xpu-sparse-sm90",
+                 "sparse-scale-x1.05:v32-xpu-sparse-sm90", "indexer-drops-newest:v32-xpu-sparse",
+                 "none:v32-xpu-sparse-fp8", timeout=1500)
+    kernels = ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",
+               "vllm.v1.attention.ops.xpu_mla_sparse:triton_bf16_mla_sparse_interface")
+    for scenario in ("none:v32-xpu-sparse", "none:v32-xpu-sparse-sm90"):
+        row = rows[scenario]
+        assert row["status"] == "verified" and row["level"] == "backend" and not row["emulated"], row
+        assert row["function"] == "vllm.v1.attention.backends.mla.xpu_mla_sparse:XPUMLASparseImpl.forward_mqa", row
+        assert all(k in row["functions"] for k in kernels), row
+    for scenario in ("sparse-index-next-slot:v32-xpu-sparse", "sparse-index-previous-slot:v32-xpu-sparse-sm90",
+                     "sparse-scale-x1.05:v32-xpu-sparse-sm90", "indexer-drops-newest:v32-xpu-sparse"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+    # the next row of a request's newest token lies past it (NaN); the previous row is a finite misread
+    assert "NaN position(s) differ" in rows["sparse-index-next-slot:v32-xpu-sparse"]["message"]
+    assert "beyond abs" in rows["sparse-index-previous-slot:v32-xpu-sparse-sm90"]["message"]
+    assert "beyond abs" in rows["sparse-scale-x1.05:v32-xpu-sparse-sm90"]["message"]
+    fp8 = rows["none:v32-xpu-sparse-fp8"]
+    assert fp8["status"] == "failed" and fp8["finding"], fp8
+    assert "FP8 kv is not supported with XPU MLA Sparse yet" in fp8["message"], fp8

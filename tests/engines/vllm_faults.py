@@ -50,6 +50,18 @@ Faults (what a buggy release could ship):
 * ``tokenspeed-lse-natural``: vLLM's ``TokenspeedMLAImpl`` declares its
   kernel's LSE natural-log (``lse_base_on_e = True``; TokenSpeed's is base 2),
   so the DCP merge weighs the ranks wrongly (vLLM PR 47079's bug class).
+* ``sparse-index-next-slot``: the index conversion of vLLM's sparse MLA
+  (``sparse_utils.triton_convert_req_index_to_global_index``, which
+  XPU_MLA_SPARSE's ``forward_mqa`` calls) maps every selected position to the
+  cache row after its own (a position mis-translated to a slot: the newest
+  token's next row is past the sequence, NaN in the check's cache);
+  ``sparse-index-previous-slot``: to the row before its own (the neighbour's
+  token, a finite misread).
+* ``sparse-scale-x1.05``: XPU_MLA_SPARSE's ``_forward_bf16_kv`` passes its
+  Triton kernel (``triton_bf16_mla_sparse_interface``) the softmax scale × 1.05.
+* ``indexer-drops-newest``: the check's stand-in indexer (``checks._fill_topk``)
+  leaves each query token's newest selected position out of the buffer (an
+  indexer that never selects the token being decoded).
 * ``triton-td-off`` (not a fault): ``VLLM_TRITON_USE_TD=0`` for the check,
   vLLM's own switch that turns TRITON_ATTN's tensor-descriptor loads off
   (on by default on XPU): ``unified_attention`` loads its KV tiles with
@@ -115,6 +127,11 @@ CASES = {
     # GQA models on the backend `auto` resolves on SM90 (FLASH_ATTN)
     "llama-flash-attn-fp8": ("llama-3.1-8b", "auto", "eagle-1x3", 1, "fp8", 64),
     "mqa96-flash-attn-dcp2": ("mqa-96", "auto", "none", 2, "auto", 16),
+    # sparse MLA (DeepSeek-V3.2): XPU_MLA_SPARSE, whatever is forced on XPU, and forced on a CUDA arch
+    "v32-xpu-sparse": ("deepseek-v3.2", "TRITON_MLA", "none", 1, "auto", 64, "xpu"),
+    "v32-xpu-sparse-chain": ("deepseek-v3.2", "XPU_MLA_SPARSE", "eagle-1x3", 1, "auto", 128, "xpu"),
+    "v32-xpu-sparse-fp8": ("deepseek-v3.2", "XPU_MLA_SPARSE", "none", 1, "fp8", 64, "xpu"),
+    "v32-xpu-sparse-sm90": ("deepseek-v3.2", "XPU_MLA_SPARSE", "none", 1, "auto", 64, "sm90"),
 }
 
 
@@ -246,6 +263,38 @@ def _prefill_merge_fault(original: Any) -> Any:
     return merge_attn_states
 
 
+def _sparse_slot_shift(shift: int) -> Any:
+    def make(original: Any) -> Any:
+        def triton_convert_req_index_to_global_index(*args, **kwargs):
+            import torch
+
+            out = original(*args, **kwargs)
+            rows = out[0] if isinstance(out, tuple) else out
+            moved = torch.where(rows + shift >= 0, rows + shift, rows).where(rows >= 0, rows)  # -1 stays -1
+            return (moved, *out[1:]) if isinstance(out, tuple) else moved
+
+        return triton_convert_req_index_to_global_index
+
+    return make
+
+
+def _sparse_scale_fault(original: Any) -> Any:
+    def triton_bf16_mla_sparse_interface(q, kv, indices, sm_scale, *args, **kwargs):
+        return original(q, kv, indices, sm_scale * 1.05, *args, **kwargs)
+
+    return triton_bf16_mla_sparse_interface
+
+
+def _indexer_drops_newest(original: Any) -> Any:
+    def _fill_topk(layer, topk_indices, num_tokens):
+        import torch
+
+        newest = topk_indices.max(-1, keepdim=True).values  # [b, s_q, 1]
+        return original(layer, torch.where(topk_indices == newest, -1, topk_indices), num_tokens)
+
+    return _fill_topk
+
+
 FAULTS = {
     "decode-drops-last-token": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
                                 _decode_fault),
@@ -269,11 +318,18 @@ FAULTS = {
                                _tokenspeed_lse_natural),
     "prefill-merge-equal-weights": ("vllm.v1.attention.ops.merge_attn_states", "merge_attn_states",
                                     _prefill_merge_fault),
+    "sparse-index-next-slot": ("vllm.v1.attention.backends.mla.sparse_utils",
+                               "triton_convert_req_index_to_global_index", _sparse_slot_shift(1)),
+    "sparse-index-previous-slot": ("vllm.v1.attention.backends.mla.sparse_utils",
+                                   "triton_convert_req_index_to_global_index", _sparse_slot_shift(-1)),
+    "sparse-scale-x1.05": ("vllm.v1.attention.ops.xpu_mla_sparse", "triton_bf16_mla_sparse_interface",
+                           _sparse_scale_fault),
+    "indexer-drops-newest": ("pytest_mla.engines.vllm.checks", "_fill_topk", _indexer_drops_newest),
 }
 #: vLLM modules that bind the faulted functions by name (imported before the fault is put in).
 BINDERS = ("vllm.v1.attention.backends.mla.triton_mla", "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.mla.flashmla",
            "vllm.v1.attention.backends.mla.flashinfer_mla", "vllm.model_executor.layers.attention.mla_attention",
-           "vllm.v1.attention.backends.rocm_attn")
+           "vllm.v1.attention.backends.rocm_attn", "vllm.v1.attention.backends.mla.xpu_mla_sparse")
 
 
 @contextlib.contextmanager
@@ -347,7 +403,8 @@ def injected(fault: str) -> Iterator[None]:
     original = getattr(module, attr)
     faulty = make(original)
     bound = [m for m in list(sys.modules.values())
-             if m is not None and getattr(m, "__name__", "").startswith("vllm") and getattr(m, attr, None) is original]
+             if m is not None and getattr(m, "__name__", "").startswith(("vllm", "pytest_mla.engines.vllm"))
+             and getattr(m, attr, None) is original]
     for m in bound:
         setattr(m, attr, faulty)
     try:

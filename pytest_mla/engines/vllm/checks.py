@@ -463,14 +463,53 @@ def _build_layer(options: Mapping[str, Any], scale: float, device: Any) -> Any:
     rank = options["kv_lora_rank"]
     heads = options["num_heads"] // options["tp"]
     kv_b_proj = _latent_kv_b_proj(heads, config.model_config.dtype, device)
+    sparse = {}
+    if options.get("index_topk"):  # a sparse model: the buffer its indexer fills (deepseek_v2.py DeepseekV2Model)
+        sparse = {"use_sparse": True, "topk_indices_buffer": _topk_indices_buffer(config, options, device)}
     layer = MLAAttention(num_heads=heads, scale=scale, qk_nope_head_dim=rank,
                          qk_rope_head_dim=options["qk_rope_head_dim"], v_head_dim=rank, q_lora_rank=None,
                          kv_lora_rank=rank, kv_b_proj=kv_b_proj, cache_config=config.cache_config,
-                         prefix=LAYER_NAME, attn_backend=backend_class(options.get("backend", "TRITON_MLA")))
+                         prefix=LAYER_NAME, attn_backend=backend_class(options.get("backend", "TRITON_MLA")), **sparse)
     eye = torch.eye(rank, dtype=config.model_config.dtype, device=device)
     layer.W_UK_T = eye.expand(heads, rank, rank).contiguous()
     layer.W_UV = eye.expand(heads, rank, rank).contiguous()
     return layer
+
+
+#: What a row of the shared top-k buffer holds past the tokens of the batch: the model allocates it with
+#: ``torch.empty`` (deepseek_v2.py, DeepseekV2Model.__init__); an index no request holds, so that a read
+#: of a row the indexer did not write shows (the conversion maps it to -1 or the kernel reads NaN).
+TOPK_POISON = 2**30
+
+
+def _topk_indices_buffer(config: Any, options: Mapping[str, Any], device: Any) -> Any:
+    """The shared top-k buffer as ``DeepseekV2Model`` allocates it: ``[max_num_batched_tokens, index_topk]`` int32."""
+    import torch
+
+    rows = config.scheduler_config.max_num_batched_tokens
+    return torch.full((rows, int(options["index_topk"])), TOPK_POISON, dtype=torch.int32, device=device)
+
+
+def _fill_topk(layer: Any, topk_indices: Any, num_tokens: int) -> Any:
+    """The harness's selection into the layer's top-k buffer, as the indexer leaves it for a decode batch.
+
+    ``SparseAttnIndexer`` sets the batch's rows to -1 (``topk_indices_buffer[:num_tokens] = -1``,
+    sparse_attn_indexer.py) and writes each token's top-k, request-relative positions, into the
+    first ``index_topk`` columns; a token with fewer candidates keeps -1 after them. The selection is
+    ``[b, s_q, K]`` with ``K`` at most the buffer's width; the rest of each row stays -1.
+    """
+    from ...core.errors import AdapterError
+
+    buffer = layer.impl.topk_indices_buffer
+    if buffer is None:
+        raise AdapterError("kernel check", f"vLLM's {type(layer.impl).__name__} has no top-k buffer")
+    selection = topk_indices.reshape(num_tokens, -1).to(device=buffer.device, dtype=buffer.dtype)
+    if selection.shape[1] > buffer.shape[1]:
+        raise AdapterError("kernel check", f"a selection of {selection.shape[1]} tokens does not fit vLLM's top-k "
+                                           f"buffer of width {buffer.shape[1]}")
+    buffer[:num_tokens] = -1
+    buffer[:num_tokens, : selection.shape[1]] = selection
+    return buffer
 
 
 def _loaded_kv_scale(kv_scale: float | None) -> float | None:
@@ -746,11 +785,16 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             dcp_local_seq_lens=local, dcp_local_seq_lens_cpu_upper_bound=local.cpu() if local is not None else None,
             is_prefilling=torch.zeros(b, dtype=torch.bool, device=device))
         # The builder's own decode/prefill split, as its build() makes it: rows past its
-        # reorder threshold go to the MHA prefill path.
-        decodes, prefills, _, _ = split_decodes_and_prefills(
-            common, decode_threshold=builder.reorder_batch_threshold,
-            require_uniform=builder.query_len_support != QueryLenSupport.VARLEN,
-            treat_short_extends_as_decodes=not builder.use_pcp)
+        # reorder threshold go to the MHA prefill path. A builder without a threshold
+        # (XPUMLASparseMetadataBuilder) makes its own: every token a decode token.
+        if builder.reorder_batch_threshold is None:
+            built = attn_group.build_metadata(common)
+            prefills = getattr(built, "num_prefills", 0)
+        else:
+            decodes, prefills, _, _ = split_decodes_and_prefills(
+                common, decode_threshold=builder.reorder_batch_threshold,
+                require_uniform=builder.query_len_support != QueryLenSupport.VARLEN,
+                treat_short_extends_as_decodes=not builder.use_pcp)
         taken = "prefill" if prefills else "decode"
         if taken != path:
             raise AdapterError("kernel check", f"vLLM's {type(builder).__name__} sends the {b} requests of {s_q} "
@@ -767,6 +811,10 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             k_c = torch.zeros(b * s_q, rank_dim, dtype=q.dtype, device=device)
             k_pe = torch.zeros(b * s_q, 1, d_qk - rank_dim, dtype=q.dtype, device=device)
         output = torch.full((b * s_q, per * rank_dim), math.nan, dtype=q.dtype, device=device)
+        if options.get("index_topk"):
+            if inputs.topk_indices is None:
+                raise AdapterError("kernel check", "a sparse model's check needs the harness's top-k selection")
+            _fill_topk(layer, inputs.topk_indices, b * s_q)
         layer.forward_impl(q, k_c.to(device), k_pe.to(device), cache, metadata, output)
         functions = ["vllm.model_executor.layers.attention.mla_attention:MLAAttention.forward_impl"]
         if prefills:
@@ -779,6 +827,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             functions.append(kernel_source.DECODE_FUNCTIONS[backend])
             if backend == "TRITON_MLA":
                 functions.append("vllm.v1.attention.ops.triton_decode_attention:decode_attention_fwd")
+            functions.extend(SPARSE_DECODE_KERNELS.get(backend, ()))
             if world > 1:
                 functions.append(_combine_name(layer.dcp_manager.combine))
         emulated = tuple(log.called) if log is not None else ()
@@ -820,9 +869,12 @@ ROCM_KERNELS = {
     "ROCM_AITER_MLA_SPARSE": "ROCMAiterMLASparseImpl._forward_mla_aiter (aiter's sparse MLA decode)",
 }
 #: Other platforms' backends whose engine check is not written yet, and what each decodes with.
-UNCHECKED_KERNELS = {
-    "XPU_MLA_SPARSE": ("vllm.v1.attention.ops.xpu_mla_sparse.triton_bf16_mla_sparse_interface over the indexer's "
-                       "top-k; the engine checks have no sparse-MLA driver yet"),
+UNCHECKED_KERNELS: dict[str, str] = {}
+#: What a sparse backend's ``forward_mqa`` runs over the indexer's top-k (Triton: interpreted here), for the
+#: record: the conversion of request-relative positions to cache rows, the sparse decode.
+SPARSE_DECODE_KERNELS = {
+    "XPU_MLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",
+                       "vllm.v1.attention.ops.xpu_mla_sparse:triton_bf16_mla_sparse_interface"),
 }
 
 
@@ -869,14 +921,16 @@ def _path_of(cell: Any, startup: Any) -> str:
     from ...core.spec import parse_spec
 
     s_q = parse_spec(str(cell.spec)).s_q
-    if startup is None or s_q == 1:
+    if startup is None or s_q == 1 or startup.builder.reorder_batch_threshold is None:
+        # no threshold: the builder splits nothing (XPUMLASparseMetadataBuilder decodes every token)
         return "decode"
     return "prefill" if s_q > startup.builder.reorder_batch_threshold else "decode"
 #: Backends of another platform whose check runs in that platform's child process (the
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
 #: XPU's TRITON_ATTN loads its KV tiles through Triton tensor descriptors (``use_td``, on by default
 #: there), which the interpreter runs as masked loads (``interpreter.int1_mask_fix`` passes them through).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN"), "xpu": ("TRITON_MLA", "TRITON_ATTN"),
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN", "XPU_MLA_SPARSE"),
+                   "xpu": ("TRITON_MLA", "TRITON_ATTN", "XPU_MLA_SPARSE"),
                    "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
 
 
@@ -940,13 +994,23 @@ def _spec_tokens(cell: Any) -> tuple[int, str | None]:
     return (spec.s_q - 1, spec.algorithm) if spec.enabled else (0, None)
 
 
+#: MLA backends whose builder reads nothing of the compilation config (CUDA-graph mode, capture size):
+#: TRITON_MLA's; XPUMLASparseMetadataBuilder (CUDA graphs NEVER; its ``__init__`` reads the scheduler's
+#: and model's config only). Their checks are one numeric case for every arch whose start-up resolved
+#: other CUDA-graph settings (SM100's larger capture size).
+COMPILATION_BLIND = ("TRITON_MLA", "XPU_MLA_SPARSE")
+
+
 def _mla_options(cell: Any, model: Any, tp: int) -> dict[str, Any]:
     tokens, method = _spec_tokens(cell)
-    return {"model": model.name, "num_heads": model.num_heads, "kv_lora_rank": model.kv_lora_rank,
-            "qk_rope_head_dim": model.qk_rope_head_dim, "qk_nope_head_dim": model.qk_nope_head_dim,
-            "v_head_dim": model.v_head_dim, "tp": tp, "dcp": max(cell.dcp, 1), "block_size": int(cell.page_size),
-            "cache_dtype": str(cell.kv_dtype or "auto"), "num_speculative_tokens": tokens,
-            "spec_method": method}
+    options = {"model": model.name, "num_heads": model.num_heads, "kv_lora_rank": model.kv_lora_rank,
+               "qk_rope_head_dim": model.qk_rope_head_dim, "qk_nope_head_dim": model.qk_nope_head_dim,
+               "v_head_dim": model.v_head_dim, "tp": tp, "dcp": max(cell.dcp, 1), "block_size": int(cell.page_size),
+               "cache_dtype": str(cell.kv_dtype or "auto"), "num_speculative_tokens": tokens,
+               "spec_method": method}
+    if getattr(model, "index_topk", 0):  # a sparse model: the layer gets the indexer's top-k buffer
+        options["index_topk"] = model.index_topk
+    return options
 
 
 def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str, startup: Any,
@@ -972,7 +1036,7 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
     path = _path_of(cell, startup)
     options["backend"] = name
     options["path"] = path
-    if name != "TRITON_MLA":
+    if name not in COMPILATION_BLIND:
         _startup_compilation(options, startup)
     calls = kernel_source.calls_of(name, path, (extra or {}).get("platform"))
     if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
@@ -995,6 +1059,10 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
     dcp = options["dcp"]
     case = (("h_q", model.num_heads // tp * dcp), ("page_size", options["block_size"]),
             ("kv_dtype", _KV_DTYPES.get(options["cache_dtype"], options["cache_dtype"])), ("min_seqlen", 1))
+    if options.get("index_topk"):  # the selection the stand-in indexer hands the layer (harness.SPARSE_CHECK_TOPK)
+        from ...kernels.harness import SPARSE_CHECK_TOPK
+
+        case += (("sparse_topk", min(SPARSE_CHECK_TOPK, options["index_topk"])),)
     return KernelSpec(name=name, target=RUNNER, protocol="engine", level=level, function=function,
                       package=PACKAGE, returns_lse=False, tree_mask=False,
                       options=tuple(sorted(options.items())), case=case)

@@ -27,6 +27,8 @@ from ..common.shared_scope import SharedScope
 #: The compiled calls each backend's decode path (``forward_mqa``) makes, as ``module:qualname``.
 DECODE_CALLS: dict[str, tuple[str, ...]] = {
     "TRITON_MLA": (),  # Triton: runs here (interpreter) and on a GPU alike
+    # sparse MLA (DeepSeek-V3.2): the index conversion and the sparse decode are Triton (xpu_mla_sparse.py)
+    "XPU_MLA_SPARSE": (),
     "FLASHMLA": ("torch.ops._flashmla_C:dense_decode_fwd",
                  "torch.ops._flashmla_extension_C:fwd_kvcache_mla_fp8",
                  "torch.ops._flashmla_extension_C:get_mla_decoding_metadata_dense_fp8"),
@@ -69,6 +71,7 @@ DECODE_FUNCTIONS = {
     "TOKENSPEED_MLA": "vllm.v1.attention.backends.mla.tokenspeed_mla:TokenspeedMLAImpl.forward_mqa",
     "CPU_MLA": "vllm.v1.attention.backends.mla.cpu_mla:CPUMLAImpl.forward_mqa",
     "AMX_MLA": "vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mqa",
+    "XPU_MLA_SPARSE": "vllm.v1.attention.backends.mla.xpu_mla_sparse:XPUMLASparseImpl.forward_mqa",
 }
 PREFILL_FUNCTION = "vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha"
 #: Backends that override ``forward_mha`` with their own compiled calls, per platform: the impl method
@@ -86,6 +89,7 @@ _REAL_OPS = {
     "CUTLASS_MLA": (("_C", "sm100_cutlass_mla_decode"),),
     "TOKENSPEED_MLA": ("tokenspeed_mla",),
     "TRITON_MLA": (),
+    "XPU_MLA_SPARSE": (),
     "TRITON_ATTN": (),
     # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
     "ROCM_ATTN": (),
