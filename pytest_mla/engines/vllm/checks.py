@@ -46,6 +46,7 @@ import math
 import os
 import re
 import threading
+import types
 from typing import Any, Iterator, Mapping
 
 from ..common.shared_scope import SharedScope
@@ -382,11 +383,15 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
             with platforms.on(f"sm{major}{minor}"):  # sets it, emptying the caches vLLM filled for another arch
                 pass
     saved_dcp, saved_dtype = parallel_state._DCP, torch.get_default_dtype()
+    saved_tp = getattr(parallel_state, "_TP", None)
     saved_env = {name: os.environ.get(name) for name in NO_SYMMETRIC_MEMORY}
     if group is not None and group.device.type == "cpu":
         os.environ.update(NO_SYMMETRIC_MEMORY)
     holder.bind(group)
     parallel_state._DCP = holder if group is not None else None
+    if saved_tp is None:  # SparseMLACommonImpl.__init__ asks the TP group its size (sparse_mla_attention.py:758)
+        parallel_state._TP = types.SimpleNamespace(world_size=config.parallel_config.tensor_parallel_size,
+                                                   rank_in_group=0, device_group=None)
     torch.set_default_dtype(config.model_config.dtype)
     try:
         with on_arch, set_current_vllm_config(config), torch_collectives_in_process():
@@ -394,6 +399,7 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
     finally:
         torch.set_default_dtype(saved_dtype)
         parallel_state._DCP = saved_dcp
+        parallel_state._TP = saved_tp
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -791,9 +797,12 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             built = attn_group.build_metadata(common)
             prefills = getattr(built, "num_prefills", 0)
         else:
+            # a sparse builder (SparseMLACommonMetadataBuilder.build, sparse_mla_attention.py:385-390)
+            # asks its class's require_uniform_decodes, a dense one its query_len_support
+            uniform = (builder.require_uniform_decodes if hasattr(builder, "require_uniform_decodes")
+                       else builder.query_len_support != QueryLenSupport.VARLEN)
             decodes, prefills, _, _ = split_decodes_and_prefills(
-                common, decode_threshold=builder.reorder_batch_threshold,
-                require_uniform=builder.query_len_support != QueryLenSupport.VARLEN,
+                common, decode_threshold=builder.reorder_batch_threshold, require_uniform=uniform,
                 treat_short_extends_as_decodes=not builder.use_pcp)
         taken = "prefill" if prefills else "decode"
         if taken != path:
@@ -875,6 +884,9 @@ UNCHECKED_KERNELS: dict[str, str] = {}
 SPARSE_DECODE_KERNELS = {
     "XPU_MLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",
                        "vllm.v1.attention.ops.xpu_mla_sparse:triton_bf16_mla_sparse_interface"),
+    # the conversion (the index group's, index_group.py, or forward_mqa's own); the attention is FlashMLA's
+    # (emulated: the record's ``emulated`` names which of its ops ran)
+    "FLASHMLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",),
 }
 
 
