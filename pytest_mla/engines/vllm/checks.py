@@ -295,9 +295,12 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
         speculative = _view_of(SpeculativeConfig)()
         speculative.method = options["spec_method"]
         speculative.num_speculative_tokens = options["num_speculative_tokens"]
+    attention = AttentionConfig()
+    if attention.sparse_mla_prefill_workspace_factor is None:  # VllmConfig.__post_init__ (config/vllm.py:1795-1803)
+        attention.sparse_mla_prefill_workspace_factor = 5 if MAX_MODEL_LEN <= 256 * 1024 else 2
     return _view_of(VllmConfig, _StandInConfig)(
         model_config=model_config, parallel_config=parallel, cache_config=cache, scheduler_config=scheduler,
-        compilation_config=compilation, attention_config=AttentionConfig(), kernel_config=KernelConfig(),
+        compilation_config=compilation, attention_config=attention, kernel_config=KernelConfig(),
         speculative_config=speculative)
 
 
@@ -665,10 +668,19 @@ def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int
     block = config.cache_config.block_size
     table, slots = _rank_slots(inputs, block, rank, world, interleave)
     seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
-    cache = _nan_cache((inputs.kv_cache.shape[0], block, inputs.kv_cache.shape[-1]), spec.dtype, device)
+    ds_mla = getattr(spec, "cache_dtype_str", None) == "fp8_ds_mla"
+    width = DS_MLA_BYTES if ds_mla else inputs.kv_cache.shape[-1]
+    cache = _nan_cache((inputs.kv_cache.shape[0], block, width), spec.dtype, device)
     if slots.numel():
         rows = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
-        _write(cache.view(-1, cache.shape[-1]), slots, rows.reshape(slots.numel(), -1), inputs.kv_scale)
+        rows = rows.reshape(slots.numel(), -1)
+        if ds_mla:
+            from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+            mine = slots != PAD_SLOT_ID
+            cache.view(-1, width)[slots[mine]] = _ds_mla_rows(rows[mine], inputs.kv_scale)
+        else:
+            _write(cache.view(-1, cache.shape[-1]), slots, rows, inputs.kv_scale)
     local = None
     if world > 1:
         from vllm.v1.worker.gpu.cp_utils import prepare_dcp_local_seq_lens
@@ -678,6 +690,37 @@ def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int
         local = prepare_dcp_local_seq_lens(buffer, inputs.cache_seqlens.to(device), b, world, rank, interleave,
                                            num_reqs_padded=b)
     return cache, table, local
+
+
+#: Bytes per token of vLLM's ``fp8_ds_mla`` cache (DeepSeek-V3.2 on FLASHMLA_SPARSE, flashmla_sparse.py's
+#: layout note): 512 e4m3 NoPE values, 4 float32 scales (one per 128 of them), 64 bf16 RoPE values.
+DS_MLA_BYTES = 656
+
+
+def _ds_mla_rows(rows: Any, kv_scale: float | None) -> Any:
+    """The check's e4m3 rows (value ``raw · kv_scale``) as ``fp8_ds_mla`` records ``[n, 656]`` uint8, exactly.
+
+    The NoPE bytes are the check's own e4m3 bytes with ``kv_scale`` as each tile's
+    scale; the RoPE tail is ``raw · kv_scale`` in bf16 (exact: a power-of-two scale
+    of an e4m3 value). vLLM's own writer of this format (``concat_and_cache_mla``
+    with ``fp8_ds_mla``, per-tile amax scales) is the model runner's step, not run here.
+    """
+    import torch
+
+    from ...core.errors import AdapterError
+
+    scale = 1.0 if kv_scale is None else float(kv_scale)
+    if rows.dtype != torch.float8_e4m3fn or rows.shape[-1] != 576:
+        raise AdapterError("kernel check", f"fp8_ds_mla records need e4m3fn rows of 576, got {rows.dtype} "
+                                           f"{tuple(rows.shape)}")
+    out = torch.empty(rows.shape[0], DS_MLA_BYTES, dtype=torch.uint8, device=rows.device)
+    out[:, :512] = rows[:, :512].contiguous().view(torch.uint8)
+    out[:, 512:528] = torch.full((rows.shape[0], 4), scale, dtype=torch.float32, device=rows.device).view(torch.uint8)
+    rope = rows[:, 512:].to(torch.float64) * scale
+    if not torch.equal(rope.to(torch.bfloat16).to(torch.float64), rope):
+        raise AdapterError("kernel check", "the check's RoPE values do not convert exactly to bf16")
+    out[:, 528:] = rope.to(torch.bfloat16).contiguous().view(torch.uint8)
+    return out
 
 
 def _write(flat: Any, slots: Any, rows: Any, kv_scale: float | None = None) -> None:
@@ -836,7 +879,8 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             functions.append(kernel_source.DECODE_FUNCTIONS[backend])
             if backend == "TRITON_MLA":
                 functions.append("vllm.v1.attention.ops.triton_decode_attention:decode_attention_fwd")
-            functions.extend(SPARSE_DECODE_KERNELS.get(backend, ()))
+            functions.extend(SPARSE_DCP_DECODE_KERNELS.get(backend, ()) if world > 1
+                             else SPARSE_DECODE_KERNELS.get(backend, ()))
             if world > 1:
                 functions.append(_combine_name(layer.dcp_manager.combine))
         emulated = tuple(log.called) if log is not None else ()
@@ -887,6 +931,11 @@ SPARSE_DECODE_KERNELS = {
     # the conversion (the index group's, index_group.py, or forward_mqa's own); the attention is FlashMLA's
     # (emulated: the record's ``emulated`` names which of its ops ran)
     "FLASHMLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",),
+}
+#: The same under DCP: the global positions filtered to this rank's and converted (flashmla_sparse.py
+#: ``_forward_bf16_kv``, ``_forward_fp8_kv_mixed_batch``).
+SPARSE_DCP_DECODE_KERNELS = {
+    "FLASHMLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_filter_and_convert_dcp_index",),
 }
 
 

@@ -146,7 +146,7 @@ def test_prefill_library_checks_kept():
 
 
 def quantize_v32(k):
-    """tests/quant.py ``quantize_k_cache`` (V32_FP8Sparse): ``k [blocks, ps, 576]`` bf16 -> ``[blocks, ps, 656]`` bytes."""
+    """tests/quant.py ``quantize_k_cache`` (V32_FP8Sparse): ``[blocks, ps, 576]`` -> ``[blocks, ps, 656]`` bytes."""
     blocks, ps, _ = k.shape
     res = torch.empty(blocks, ps, 656, dtype=torch.uint8)
     res[..., 528:] = k[..., 512:].to(torch.bfloat16).contiguous().view(torch.uint8)
