@@ -281,6 +281,8 @@ def _sparse_slot_shift(shift: int) -> Any:
             out = original(*args, **kwargs)
             rows = out[0] if isinstance(out, tuple) else out
             moved = torch.where(rows + shift >= 0, rows + shift, rows).where(rows >= 0, rows)  # -1 stays -1
+            if kwargs.get("out") is not None:  # the index group's call converts into its own buffer (index_group.py)
+                kwargs["out"].copy_(moved)
             return (moved, *out[1:]) if isinstance(out, tuple) else moved
 
         return triton_convert_req_index_to_global_index
