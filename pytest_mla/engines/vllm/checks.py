@@ -990,7 +990,7 @@ def _path_of(cell: Any, startup: Any) -> str:
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
 #: XPU's TRITON_ATTN loads its KV tiles through Triton tensor descriptors (``use_td``, on by default
 #: there), which the interpreter runs as masked loads (``interpreter.int1_mask_fix`` passes them through).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN", "XPU_MLA_SPARSE"),
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN", "XPU_MLA_SPARSE", "FLASHMLA_SPARSE"),
                    "xpu": ("TRITON_MLA", "TRITON_ATTN", "XPU_MLA_SPARSE"),
                    "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
 
