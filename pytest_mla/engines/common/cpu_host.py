@@ -136,9 +136,17 @@ def cpu_host() -> Iterator[HostLog]:
                             ("_set_stream_by_id", lambda *a, **k: None)):  # set_stream's call into the driver
             patch(torch.cuda, name, value)
         # the device-generic classes too (vLLM's sparse-MLA index group makes a side stream and events with them;
-        # a CPU torch.Stream refuses events)
-        patch(torch, "Stream", stream)
-        patch(torch, "Event", event)
+        # a CPU torch.Stream refuses events); classes, since torch (dynamo) tests isinstance against them
+        class Stream(_Stream):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                log.note("CUDA streams and events answered by no-ops (a CPU host runs everything in order)")
+
+        class Event(_Event):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                log.note("CUDA streams and events answered by no-ops (a CPU host runs everything in order)")
+
+        patch(torch, "Stream", Stream)
+        patch(torch, "Event", Event)
         yield log
     finally:
         for owner, name, value in reversed(saved):
