@@ -26,3 +26,16 @@ def test_cuda_placement_pinning_and_streams_are_answered_by_the_host_and_restore
     except (RuntimeError, AssertionError):
         restored = True
     assert restored  # outside the block "cuda" means the real device again
+
+
+def test_device_generic_streams_events_and_set_stream_are_answered_and_restored():
+    """vLLM's sparse-MLA index group orders its conversion with ``torch.Stream`` / ``torch.Event`` and
+    ``current_stream`` sets a stream it made through ``torch.cuda.set_stream``."""
+    real_stream, real_event, real_set = torch.Stream, torch.Event, torch.cuda._set_stream_by_id
+    with cpu_host():
+        side, ready = torch.Stream(device="cpu"), torch.Event()
+        side.wait_event(ready)
+        with side:
+            ready.record(side)
+        torch.cuda.set_stream(torch.cuda.Stream())
+    assert (torch.Stream, torch.Event, torch.cuda._set_stream_by_id) == (real_stream, real_event, real_set)

@@ -381,3 +381,34 @@ def test_xpu_mla_sparse_runs_its_triton_kernels_over_the_selection_and_faults_fa
     fp8 = rows["none:v32-xpu-sparse-fp8"]
     assert fp8["status"] == "failed" and fp8["finding"], fp8
     assert "FP8 kv is not supported with XPU MLA Sparse yet" in fp8["message"], fp8
+
+
+def test_flashmla_sparse_runs_vllms_code_around_the_flashmla_sparse_emulation_and_faults_fail_it():
+    """DeepSeek-V3.2 on FLASHMLA_SPARSE (SM90, SM100): vLLM's sparse MLA layer packs the query (concat_mla_q),
+    converts the check's selection to cache rows (its index group's Triton conversion) and attends with FlashMLA's
+    sparse kernels, emulated: the bf16 cache with the sparse prefill kernel (``flash_mla_sparse_fwd`` over a
+    ``topk_length``), the FP8 cache (vLLM's 656-byte ``fp8_ds_mla`` records) with the sparse decode kernel. A scale
+    x 1.05, a ``topk_length`` one short, a position mapped to the neighbouring row and an indexer that leaves out
+    the newest token each fail the cell."""
+    rows = drive(".venv-vllm", "none:v32-flashmla-sparse", "none:v32-flashmla-sparse-fp8",
+                 "flashmla-sparse-scale-x1.05:v32-flashmla-sparse",
+                 "flashmla-sparse-topk-length-short:v32-flashmla-sparse",
+                 "sparse-index-previous-slot:v32-flashmla-sparse-sm100",
+                 "sparse-index-previous-slot:v32-flashmla-sparse-fp8", "flashmla-scale-x1.05:v32-flashmla-sparse-fp8",
+                 "indexer-drops-newest:v32-flashmla-sparse-fp8", "sparse-index-next-slot:v32-flashmla-sparse-fp8",
+                 timeout=900)
+    expected = {"none:v32-flashmla-sparse": "torch.ops._flashmla_C:sparse_prefill_fwd",
+                "none:v32-flashmla-sparse-fp8": "torch.ops._flashmla_C:sparse_decode_fwd"}
+    for scenario, op in expected.items():
+        row = rows[scenario]
+        assert row["status"] == "verified" and row["level"] == "emulated", row
+        assert row["emulated"] == [op, "vllm._custom_ops:concat_mla_q"], row
+        assert row["function"] == "vllm.v1.attention.backends.mla.flashmla_sparse:FlashMLASparseImpl.forward_mqa", row
+        assert "vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index" in row["functions"]
+    # the row after the last one of the cache: the emulated decode refuses to follow it (a GPU reads foreign memory)
+    row = rows.pop("sparse-index-next-slot:v32-flashmla-sparse-fp8")
+    assert row["status"] == "failed" and "raised OutOfRangeRead: indices: index" in row["message"], row
+    for scenario in rows:
+        if not scenario.startswith("none:"):
+            row = rows[scenario]
+            assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row

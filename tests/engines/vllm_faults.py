@@ -59,6 +59,12 @@ Faults (what a buggy release could ship):
   token, a finite misread).
 * ``sparse-scale-x1.05``: XPU_MLA_SPARSE's ``_forward_bf16_kv`` passes its
   Triton kernel (``triton_bf16_mla_sparse_interface``) the softmax scale × 1.05.
+* ``flashmla-sparse-scale-x1.05``: FLASHMLA_SPARSE's ``_bf16_flash_mla_kernel``
+  passes FlashMLA's sparse kernel (``flash_mla_sparse_fwd``) the softmax scale
+  × 1.05; ``flashmla-sparse-topk-length-short``: it passes each row's
+  ``topk_length`` one short (the conversion's valid count miscounted: the last
+  compacted entry is dropped). The sparse-index faults above reach
+  FLASHMLA_SPARSE through its index group's conversion (``index_group.py``).
 * ``indexer-drops-newest``: the check's stand-in indexer (``checks._fill_topk``)
   leaves each query token's newest selected position out of the buffer (an
   indexer that never selects the token being decoded).
@@ -132,6 +138,10 @@ CASES = {
     "v32-xpu-sparse-chain": ("deepseek-v3.2", "XPU_MLA_SPARSE", "eagle-1x3", 1, "auto", 128, "xpu"),
     "v32-xpu-sparse-fp8": ("deepseek-v3.2", "XPU_MLA_SPARSE", "none", 1, "fp8", 64, "xpu"),
     "v32-xpu-sparse-sm90": ("deepseek-v3.2", "XPU_MLA_SPARSE", "none", 1, "auto", 64, "sm90"),
+    # FLASHMLA_SPARSE (emulated FlashMLA): a bf16 cache (the sparse prefill kernel) and an FP8 one (656 bytes)
+    "v32-flashmla-sparse": ("deepseek-v3.2", "FLASHMLA_SPARSE", "none", 1, "auto", 64, "sm90"),
+    "v32-flashmla-sparse-sm100": ("deepseek-v3.2", "FLASHMLA_SPARSE", "none", 1, "auto", 128, "sm100"),
+    "v32-flashmla-sparse-fp8": ("deepseek-v3.2", "FLASHMLA_SPARSE", "none", 1, "fp8", 64, "sm90"),
 }
 
 
@@ -271,6 +281,8 @@ def _sparse_slot_shift(shift: int) -> Any:
             out = original(*args, **kwargs)
             rows = out[0] if isinstance(out, tuple) else out
             moved = torch.where(rows + shift >= 0, rows + shift, rows).where(rows >= 0, rows)  # -1 stays -1
+            if kwargs.get("out") is not None:  # the index group's call converts into its own buffer (index_group.py)
+                kwargs["out"].copy_(moved)
             return (moved, *out[1:]) if isinstance(out, tuple) else moved
 
         return triton_convert_req_index_to_global_index
@@ -283,6 +295,22 @@ def _sparse_scale_fault(original: Any) -> Any:
         return original(q, kv, indices, sm_scale * 1.05, *args, **kwargs)
 
     return triton_bf16_mla_sparse_interface
+
+
+def _flashmla_sparse_scale_fault(original: Any) -> Any:
+    def flash_mla_sparse_fwd(q, kv, indices, sm_scale, *args, **kwargs):
+        return original(q, kv, indices, sm_scale * 1.05, *args, **kwargs)
+
+    return flash_mla_sparse_fwd
+
+
+def _flashmla_sparse_topk_length_short(original: Any) -> Any:
+    def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, out=None):
+        if topk_length is not None:  # one valid entry fewer: the last selected token is cut off
+            topk_length = (topk_length - 1).clamp_min(0)
+        return original(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out)
+
+    return flash_mla_sparse_fwd
 
 
 def _indexer_drops_newest(original: Any) -> Any:
@@ -325,11 +353,16 @@ FAULTS = {
     "sparse-scale-x1.05": ("vllm.v1.attention.ops.xpu_mla_sparse", "triton_bf16_mla_sparse_interface",
                            _sparse_scale_fault),
     "indexer-drops-newest": ("pytest_mla.engines.vllm.checks", "_fill_topk", _indexer_drops_newest),
+    "flashmla-sparse-scale-x1.05": ("vllm.v1.attention.backends.mla.flashmla_sparse", "flash_mla_sparse_fwd",
+                                    _flashmla_sparse_scale_fault),
+    "flashmla-sparse-topk-length-short": ("vllm.v1.attention.backends.mla.flashmla_sparse", "flash_mla_sparse_fwd",
+                                          _flashmla_sparse_topk_length_short),
 }
 #: vLLM modules that bind the faulted functions by name (imported before the fault is put in).
 BINDERS = ("vllm.v1.attention.backends.mla.triton_mla", "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.mla.flashmla",
            "vllm.v1.attention.backends.mla.flashinfer_mla", "vllm.model_executor.layers.attention.mla_attention",
-           "vllm.v1.attention.backends.rocm_attn", "vllm.v1.attention.backends.mla.xpu_mla_sparse")
+           "vllm.v1.attention.backends.rocm_attn", "vllm.v1.attention.backends.mla.xpu_mla_sparse",
+           "vllm.v1.attention.backends.mla.flashmla_sparse", "vllm.v1.attention.backends.mla.index_group")
 
 
 @contextlib.contextmanager

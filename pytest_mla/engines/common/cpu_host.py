@@ -37,6 +37,9 @@ class HostLog:
 class _Stream:
     """A CUDA stream on a host whose work is all synchronous and in order."""
 
+    # what ``torch.cuda.set_stream`` reads of a stream (vLLM's ``current_stream`` sets one it made)
+    stream_id, device_index, device_type = 0, 0, 1
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
@@ -129,8 +132,21 @@ def cpu_host() -> Iterator[HostLog]:
         patch(torch.Tensor, "cuda", cuda)
         for name, value in (("Stream", stream), ("current_stream", stream), ("default_stream", stream),
                             ("Event", event), ("stream", lambda s=None: contextlib.nullcontext()),
-                            ("synchronize", lambda *a, **k: None)):
+                            ("synchronize", lambda *a, **k: None),
+                            ("_set_stream_by_id", lambda *a, **k: None)):  # set_stream's call into the driver
             patch(torch.cuda, name, value)
+        # the device-generic classes too (vLLM's sparse-MLA index group makes a side stream and events with them;
+        # a CPU torch.Stream refuses events); classes, since torch (dynamo) tests isinstance against them
+        class Stream(_Stream):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                log.note("CUDA streams and events answered by no-ops (a CPU host runs everything in order)")
+
+        class Event(_Event):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                log.note("CUDA streams and events answered by no-ops (a CPU host runs everything in order)")
+
+        patch(torch, "Stream", Stream)
+        patch(torch, "Event", Event)
         yield log
     finally:
         for owner, name, value in reversed(saved):

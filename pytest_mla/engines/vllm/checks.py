@@ -46,6 +46,7 @@ import math
 import os
 import re
 import threading
+import types
 from typing import Any, Iterator, Mapping
 
 from ..common.shared_scope import SharedScope
@@ -294,9 +295,12 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
         speculative = _view_of(SpeculativeConfig)()
         speculative.method = options["spec_method"]
         speculative.num_speculative_tokens = options["num_speculative_tokens"]
+    attention = AttentionConfig()
+    if attention.sparse_mla_prefill_workspace_factor is None:  # VllmConfig.__post_init__ (config/vllm.py:1795-1803)
+        attention.sparse_mla_prefill_workspace_factor = 5 if MAX_MODEL_LEN <= 256 * 1024 else 2
     return _view_of(VllmConfig, _StandInConfig)(
         model_config=model_config, parallel_config=parallel, cache_config=cache, scheduler_config=scheduler,
-        compilation_config=compilation, attention_config=AttentionConfig(), kernel_config=KernelConfig(),
+        compilation_config=compilation, attention_config=attention, kernel_config=KernelConfig(),
         speculative_config=speculative)
 
 
@@ -382,11 +386,15 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
             with platforms.on(f"sm{major}{minor}"):  # sets it, emptying the caches vLLM filled for another arch
                 pass
     saved_dcp, saved_dtype = parallel_state._DCP, torch.get_default_dtype()
+    saved_tp = getattr(parallel_state, "_TP", None)
     saved_env = {name: os.environ.get(name) for name in NO_SYMMETRIC_MEMORY}
     if group is not None and group.device.type == "cpu":
         os.environ.update(NO_SYMMETRIC_MEMORY)
     holder.bind(group)
     parallel_state._DCP = holder if group is not None else None
+    if saved_tp is None:  # SparseMLACommonImpl.__init__ asks the TP group its size (sparse_mla_attention.py:758)
+        parallel_state._TP = types.SimpleNamespace(world_size=config.parallel_config.tensor_parallel_size,
+                                                   rank_in_group=0, device_group=None)
     torch.set_default_dtype(config.model_config.dtype)
     try:
         with on_arch, set_current_vllm_config(config), torch_collectives_in_process():
@@ -394,6 +402,7 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
     finally:
         torch.set_default_dtype(saved_dtype)
         parallel_state._DCP = saved_dcp
+        parallel_state._TP = saved_tp
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -659,10 +668,19 @@ def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int
     block = config.cache_config.block_size
     table, slots = _rank_slots(inputs, block, rank, world, interleave)
     seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
-    cache = _nan_cache((inputs.kv_cache.shape[0], block, inputs.kv_cache.shape[-1]), spec.dtype, device)
+    ds_mla = getattr(spec, "cache_dtype_str", None) == "fp8_ds_mla"
+    width = DS_MLA_BYTES if ds_mla else inputs.kv_cache.shape[-1]
+    cache = _nan_cache((inputs.kv_cache.shape[0], block, width), spec.dtype, device)
     if slots.numel():
         rows = torch.cat([_dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
-        _write(cache.view(-1, cache.shape[-1]), slots, rows.reshape(slots.numel(), -1), inputs.kv_scale)
+        rows = rows.reshape(slots.numel(), -1)
+        if ds_mla:
+            from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+            mine = slots != PAD_SLOT_ID
+            cache.view(-1, width)[slots[mine]] = _ds_mla_rows(rows[mine], inputs.kv_scale)
+        else:
+            _write(cache.view(-1, cache.shape[-1]), slots, rows, inputs.kv_scale)
     local = None
     if world > 1:
         from vllm.v1.worker.gpu.cp_utils import prepare_dcp_local_seq_lens
@@ -672,6 +690,37 @@ def _rank_cache(inputs: Any, config: Any, rank: int, world: int, interleave: int
         local = prepare_dcp_local_seq_lens(buffer, inputs.cache_seqlens.to(device), b, world, rank, interleave,
                                            num_reqs_padded=b)
     return cache, table, local
+
+
+#: Bytes per token of vLLM's ``fp8_ds_mla`` cache (DeepSeek-V3.2 on FLASHMLA_SPARSE, flashmla_sparse.py's
+#: layout note): 512 e4m3 NoPE values, 4 float32 scales (one per 128 of them), 64 bf16 RoPE values.
+DS_MLA_BYTES = 656
+
+
+def _ds_mla_rows(rows: Any, kv_scale: float | None) -> Any:
+    """The check's e4m3 rows (value ``raw · kv_scale``) as ``fp8_ds_mla`` records ``[n, 656]`` uint8, exactly.
+
+    The NoPE bytes are the check's own e4m3 bytes with ``kv_scale`` as each tile's
+    scale; the RoPE tail is ``raw · kv_scale`` in bf16 (exact: a power-of-two scale
+    of an e4m3 value). vLLM's own writer of this format (``concat_and_cache_mla``
+    with ``fp8_ds_mla``, per-tile amax scales) is the model runner's step, not run here.
+    """
+    import torch
+
+    from ...core.errors import AdapterError
+
+    scale = 1.0 if kv_scale is None else float(kv_scale)
+    if rows.dtype != torch.float8_e4m3fn or rows.shape[-1] != 576:
+        raise AdapterError("kernel check", f"fp8_ds_mla records need e4m3fn rows of 576, got {rows.dtype} "
+                                           f"{tuple(rows.shape)}")
+    out = torch.empty(rows.shape[0], DS_MLA_BYTES, dtype=torch.uint8, device=rows.device)
+    out[:, :512] = rows[:, :512].contiguous().view(torch.uint8)
+    out[:, 512:528] = torch.full((rows.shape[0], 4), scale, dtype=torch.float32, device=rows.device).view(torch.uint8)
+    rope = rows[:, 512:].to(torch.float64) * scale
+    if not torch.equal(rope.to(torch.bfloat16).to(torch.float64), rope):
+        raise AdapterError("kernel check", "the check's RoPE values do not convert exactly to bf16")
+    out[:, 528:] = rope.to(torch.bfloat16).contiguous().view(torch.uint8)
+    return out
 
 
 def _write(flat: Any, slots: Any, rows: Any, kv_scale: float | None = None) -> None:
@@ -791,9 +840,12 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             built = attn_group.build_metadata(common)
             prefills = getattr(built, "num_prefills", 0)
         else:
+            # a sparse builder (SparseMLACommonMetadataBuilder.build, sparse_mla_attention.py:385-390)
+            # asks its class's require_uniform_decodes, a dense one its query_len_support
+            uniform = (builder.require_uniform_decodes if hasattr(builder, "require_uniform_decodes")
+                       else builder.query_len_support != QueryLenSupport.VARLEN)
             decodes, prefills, _, _ = split_decodes_and_prefills(
-                common, decode_threshold=builder.reorder_batch_threshold,
-                require_uniform=builder.query_len_support != QueryLenSupport.VARLEN,
+                common, decode_threshold=builder.reorder_batch_threshold, require_uniform=uniform,
                 treat_short_extends_as_decodes=not builder.use_pcp)
         taken = "prefill" if prefills else "decode"
         if taken != path:
@@ -827,7 +879,8 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             functions.append(kernel_source.DECODE_FUNCTIONS[backend])
             if backend == "TRITON_MLA":
                 functions.append("vllm.v1.attention.ops.triton_decode_attention:decode_attention_fwd")
-            functions.extend(SPARSE_DECODE_KERNELS.get(backend, ()))
+            functions.extend(SPARSE_DCP_DECODE_KERNELS.get(backend, ()) if world > 1
+                             else SPARSE_DECODE_KERNELS.get(backend, ()))
             if world > 1:
                 functions.append(_combine_name(layer.dcp_manager.combine))
         emulated = tuple(log.called) if log is not None else ()
@@ -875,6 +928,14 @@ UNCHECKED_KERNELS: dict[str, str] = {}
 SPARSE_DECODE_KERNELS = {
     "XPU_MLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",
                        "vllm.v1.attention.ops.xpu_mla_sparse:triton_bf16_mla_sparse_interface"),
+    # the conversion (the index group's, index_group.py, or forward_mqa's own); the attention is FlashMLA's
+    # (emulated: the record's ``emulated`` names which of its ops ran)
+    "FLASHMLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index",),
+}
+#: The same under DCP: the global positions filtered to this rank's and converted (flashmla_sparse.py
+#: ``_forward_bf16_kv``, ``_forward_fp8_kv_mixed_batch``).
+SPARSE_DCP_DECODE_KERNELS = {
+    "FLASHMLA_SPARSE": ("vllm.v1.attention.backends.mla.sparse_utils:triton_filter_and_convert_dcp_index",),
 }
 
 
@@ -929,7 +990,7 @@ def _path_of(cell: Any, startup: Any) -> str:
 #: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
 #: XPU's TRITON_ATTN loads its KV tiles through Triton tensor descriptors (``use_td``, on by default
 #: there), which the interpreter runs as masked loads (``interpreter.int1_mask_fix`` passes them through).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN", "XPU_MLA_SPARSE"),
+PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN", "XPU_MLA_SPARSE", "FLASHMLA_SPARSE"),
                    "xpu": ("TRITON_MLA", "TRITON_ATTN", "XPU_MLA_SPARSE"),
                    "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
 

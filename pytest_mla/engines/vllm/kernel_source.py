@@ -29,6 +29,12 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
     "TRITON_MLA": (),  # Triton: runs here (interpreter) and on a GPU alike
     # sparse MLA (DeepSeek-V3.2): the index conversion and the sparse decode are Triton (xpu_mla_sparse.py)
     "XPU_MLA_SPARSE": (),
+    # sparse MLA on FlashMLA (flashmla_sparse.py): a bf16 cache decodes with the sparse "prefill" kernel
+    # (_bf16_flash_mla_kernel -> flash_mla_sparse_fwd), an FP8 (656-byte) cache with the sparse decode
+    # kernel (_fp8_flash_mla_kernel -> flash_mla_with_kvcache(indices=..., is_fp8_kvcache=True)); the query
+    # is packed by concat_mla_q first
+    "FLASHMLA_SPARSE": ("torch.ops._flashmla_C:sparse_prefill_fwd", "torch.ops._flashmla_C:sparse_decode_fwd",
+                        "vllm._custom_ops:concat_mla_q"),
     "FLASHMLA": ("torch.ops._flashmla_C:dense_decode_fwd",
                  "torch.ops._flashmla_extension_C:fwd_kvcache_mla_fp8",
                  "torch.ops._flashmla_extension_C:get_mla_decoding_metadata_dense_fp8"),
@@ -72,6 +78,7 @@ DECODE_FUNCTIONS = {
     "CPU_MLA": "vllm.v1.attention.backends.mla.cpu_mla:CPUMLAImpl.forward_mqa",
     "AMX_MLA": "vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mqa",
     "XPU_MLA_SPARSE": "vllm.v1.attention.backends.mla.xpu_mla_sparse:XPUMLASparseImpl.forward_mqa",
+    "FLASHMLA_SPARSE": "vllm.v1.attention.backends.mla.flashmla_sparse:FlashMLASparseImpl.forward_mqa",
 }
 PREFILL_FUNCTION = "vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha"
 #: Backends that override ``forward_mha`` with their own compiled calls, per platform: the impl method
@@ -90,6 +97,7 @@ _REAL_OPS = {
     "TOKENSPEED_MLA": ("tokenspeed_mla",),
     "TRITON_MLA": (),
     "XPU_MLA_SPARSE": (),
+    "FLASHMLA_SPARSE": (("_flashmla_C", "sparse_prefill_fwd"), ("_flashmla_C", "sparse_decode_fwd")),
     "TRITON_ATTN": (),
     # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
     "ROCM_ATTN": (),
@@ -211,8 +219,9 @@ def host_buffers(device: Any) -> Iterator[list[str]]:
     (tensors vLLM places on ``"cuda"`` by name live in host memory, e.g.
     FlashInfer MLA's decode workspace; ``pin_memory=True``, which vLLM's
     ``PIN_MEMORY`` from the faked CUDA platform asks for, is dropped; streams
-    and events do nothing) and ``torch.accelerator.empty_cache`` does nothing
-    (vLLM's ``WorkspaceManager`` calls it before it grows a scratch buffer).
+    and events do nothing), ``torch.accelerator.empty_cache`` does nothing
+    (vLLM's ``WorkspaceManager`` calls it before it grows a scratch buffer) and
+    ``torch.accelerator.current_device_index`` answers 0 (FlashMLASparseImpl asks it).
     On a CUDA device: CUTLASS MLA's workspace, allocated when the adapter
     imported the module (on ``meta`` then), gets a real buffer. Shared by the
     in-process ranks of a check (the first installs, the last undoes).
@@ -236,6 +245,11 @@ def _placed(device: Any) -> Iterator[list[str]]:
                 saved_empty = torch.accelerator.empty_cache
                 torch.accelerator.empty_cache = lambda: None
                 stack.callback(setattr, torch.accelerator, "empty_cache", saved_empty)
+                # FlashMLASparseImpl.__init__ sizes its schedule by the current device's SM count
+                # (num_compute_units(torch.accelerator.current_device_index())): the rank's one GPU, index 0
+                saved_index = torch.accelerator.current_device_index
+                torch.accelerator.current_device_index = lambda: 0
+                stack.callback(setattr, torch.accelerator, "current_device_index", saved_index)
             yield log.answered
             return
         placed: list[str] = []

@@ -19,10 +19,10 @@ import importlib
 from typing import Any
 
 #: The library modules, in the order their entries appear in ``EMULATIONS``.
-LIBRARY_MODULES = ("flashinfer", "flashinfer_gqa", "flashinfer_trtllm_mha", "flashinfer_comm", "flashmla", "flash_attn",
-                   "flash_attn_cute", "cutlass_mla", "quant", "sglang_jit", "vllm_ops", "tokenspeed", "vllm_cpu",
-                   "vllm_cpu_attn", "vllm_cpu_amx", "sgl_kernel_platforms", "sgl_kernel_cpu_attention",
-                   "sgl_kernel_xpu_attention", "sgl_kernel_xpu_flash_attn")
+LIBRARY_MODULES = ("flashinfer", "flashinfer_gqa", "flashinfer_trtllm_mha", "flashinfer_comm", "flashmla",
+                   "flashmla_sparse", "flash_attn", "flash_attn_cute", "cutlass_mla", "quant", "sglang_jit", "vllm_ops",
+                   "tokenspeed", "vllm_cpu", "vllm_cpu_attn", "vllm_cpu_amx", "sgl_kernel_platforms",
+                   "sgl_kernel_cpu_attention", "sgl_kernel_xpu_attention", "sgl_kernel_xpu_flash_attn")
 
 __all__ = ["EMULATIONS", "LIBRARY_MODULES", "NOT_IN_LIBRARY", "OutOfContractError", "emulation_for",
            "platform_registry"]

@@ -40,6 +40,14 @@ the references the CUDA kernels are held to), the op schemas in
   ``output_lse = log Σ exp(lse_x)``. A token whose two states are both empty is
   not modelled (raises; the CUDA kernel's result for it was not read).
   ``output_scale`` (fp8 output) is not modelled (raises).
+* ``concat_mla_q(ql_nope, q_pe, q_out)`` (the sparse MLA backends' query
+  packing, FLASHMLA_SPARSE's ``forward_mqa``): ``q_out[t, h, :512] = ql_nope[t,
+  h]``, ``q_out[t, h, 512:576] = q_pe[t, h]`` for the ``num_tokens × num_heads``
+  of ``ql_nope``, bit for bit (no LSE, no scale); ``q_out`` may be strided in
+  tokens and heads and have more heads (the rest untouched); the kernel is
+  instantiated for a 512-wide NoPE and a 64-wide RoPE part in bf16 / fp16, all
+  three of one dtype (others raise). [vLLM ``csrc/concat_mla_q.cuh``
+  ``ConcatMLAQKernel``; ``tests/kernels/test_concat_mla_q.py``]
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ import torch
 
 from .glue import OutOfContractError, as_float64, check_dtype, check_index_range
 
-__all__ = ["EMULATIONS", "cp_gather_cache", "gather_and_maybe_dequant_cache", "merge_attn_states"]
+__all__ = ["EMULATIONS", "concat_mla_q", "cp_gather_cache", "gather_and_maybe_dequant_cache", "merge_attn_states"]
 
 _FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 
@@ -166,7 +174,26 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
 
 
 #: The real callable each emulation stands in for ("module:qualname") -> the emulation.
+def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, q_out: torch.Tensor) -> None:
+    """``vllm._custom_ops.concat_mla_q``: ``[ql_nope | q_pe]`` per token and head into ``q_out``, as stored."""
+    for name, t in (("ql_nope", ql_nope), ("q_pe", q_pe), ("q_out", q_out)):
+        check_dtype(name, t, (torch.bfloat16, torch.float16))
+        if t.dim() != 3:
+            raise OutOfContractError(name, f"expects [num_tokens, num_heads, dim], got {tuple(t.shape)}")
+    if not (ql_nope.dtype == q_pe.dtype == q_out.dtype):
+        raise OutOfContractError("q_out", "ql_nope, q_pe and q_out must share one dtype")
+    tokens, heads, nope = ql_nope.shape
+    if nope != 512 or tuple(q_pe.shape) != (tokens, heads, 64):
+        raise OutOfContractError("ql_nope", f"the kernel is built for [T, H, 512] + [T, H, 64], got "
+                                            f"{tuple(ql_nope.shape)} + {tuple(q_pe.shape)}")
+    if q_out.shape[0] < tokens or q_out.shape[1] < heads or q_out.shape[2] != 576:
+        raise OutOfContractError("q_out", f"{tuple(q_out.shape)} cannot hold [{tokens}, {heads}, 576]")
+    q_out[:tokens, :heads, :512] = ql_nope
+    q_out[:tokens, :heads, 512:] = q_pe
+
+
 EMULATIONS = {
+    "vllm._custom_ops:concat_mla_q": concat_mla_q,
     "vllm._custom_ops:cp_gather_cache": cp_gather_cache,
     "vllm._custom_ops:gather_and_maybe_dequant_cache": gather_and_maybe_dequant_cache,
     "vllm._custom_ops:merge_attn_states": merge_attn_states,

@@ -165,3 +165,19 @@ def test_varlen_fa2_drops_descales_as_vllms_wrapper_does():
     with pytest.raises(NotImplementedError, match="FA2 does not support scheduler_metadata"):
         flash_attn.flash_attn_varlen_func(q, k, v, 1, cu_q, 70, q_descale=ones, k_descale=ones, v_descale=ones,
                                           scheduler_metadata=torch.zeros(9, dtype=torch.int32), **kwargs)
+
+
+def test_concat_mla_q_packs_nope_then_rope_into_a_wider_strided_buffer():
+    """vLLM's tests/kernels/test_concat_mla_q.py: ``out[..., :512] == ql_nope``, ``out[..., 512:] == q_pe``."""
+    g = torch.Generator().manual_seed(21)
+    ql_nope = torch.randn(5, 16, 512, generator=g).to(torch.bfloat16)
+    q_pe = torch.randn(5, 16, 64, generator=g).to(torch.bfloat16)
+    buf = torch.full((8, 64, 576), float("nan"), dtype=torch.bfloat16)  # padded heads, more rows
+    out = buf[:5]
+    vllm_ops.concat_mla_q(ql_nope, q_pe, out)
+    assert torch.equal(out[:, :16, :512], ql_nope) and torch.equal(out[:, :16, 512:], q_pe)
+    assert torch.isnan(buf[:, 16:]).all() and torch.isnan(buf[5:]).all()  # the rest untouched
+    with pytest.raises(OutOfContractError, match="^ql_nope: "):
+        vllm_ops.concat_mla_q(ql_nope[..., :448], q_pe, out)
+    with pytest.raises(OutOfContractError, match="^q_out: "):
+        vllm_ops.concat_mla_q(ql_nope, q_pe, out.to(torch.float16))
