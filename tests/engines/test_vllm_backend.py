@@ -389,14 +389,16 @@ def test_flashmla_sparse_runs_vllms_code_around_the_flashmla_sparse_emulation_an
     sparse kernels, emulated: the bf16 cache with the sparse prefill kernel (``flash_mla_sparse_fwd`` over a
     ``topk_length``), the FP8 cache (vLLM's 656-byte ``fp8_ds_mla`` records) with the sparse decode kernel. A scale
     x 1.05, a ``topk_length`` one short, a position mapped to the neighbouring row and an indexer that leaves out
-    the newest token each fail the cell."""
+    the newest token each fail the cell; under DCP 2, so do a merge reading the LSE in the other base and one
+    ignoring it."""
     rows = drive(".venv-vllm", "none:v32-flashmla-sparse", "none:v32-flashmla-sparse-fp8",
                  "flashmla-sparse-scale-x1.05:v32-flashmla-sparse",
                  "flashmla-sparse-topk-length-short:v32-flashmla-sparse",
                  "sparse-index-previous-slot:v32-flashmla-sparse-sm100",
                  "sparse-index-previous-slot:v32-flashmla-sparse-fp8", "flashmla-scale-x1.05:v32-flashmla-sparse-fp8",
                  "indexer-drops-newest:v32-flashmla-sparse-fp8", "sparse-index-next-slot:v32-flashmla-sparse-fp8",
-                 timeout=900)
+                 "none:v32-flashmla-sparse-dcp2", "merge-lse-base-swapped:v32-flashmla-sparse-dcp2",
+                 "merge-ignores-lse:v32-flashmla-sparse-dcp2", timeout=900)
     expected = {"none:v32-flashmla-sparse": "torch.ops._flashmla_C:sparse_prefill_fwd",
                 "none:v32-flashmla-sparse-fp8": "torch.ops._flashmla_C:sparse_decode_fwd"}
     for scenario, op in expected.items():
@@ -405,6 +407,11 @@ def test_flashmla_sparse_runs_vllms_code_around_the_flashmla_sparse_emulation_an
         assert row["emulated"] == [op, "vllm._custom_ops:concat_mla_q"], row
         assert row["function"] == "vllm.v1.attention.backends.mla.flashmla_sparse:FlashMLASparseImpl.forward_mqa", row
         assert "vllm.v1.attention.backends.mla.sparse_utils:triton_convert_req_index_to_global_index" in row["functions"]
+    # DCP 2: each rank's selection filtered to its own tokens, its partial merged by vLLM's LSE combine; the
+    # merge reading the LSE in the other base, or ignoring it, fails the cell
+    row = rows["none:v32-flashmla-sparse-dcp2"]
+    assert row["status"] == "verified" and row["level"] == "emulated", row
+    assert "vllm.v1.attention.backends.mla.sparse_utils:triton_filter_and_convert_dcp_index" in row["functions"], row
     # the row after the last one of the cache: the emulated decode refuses to follow it (a GPU reads foreign memory)
     row = rows.pop("sparse-index-next-slot:v32-flashmla-sparse-fp8")
     assert row["status"] == "failed" and "raised OutOfRangeRead: indices: index" in row["message"], row

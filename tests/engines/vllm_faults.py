@@ -142,6 +142,7 @@ CASES = {
     "v32-flashmla-sparse": ("deepseek-v3.2", "FLASHMLA_SPARSE", "none", 1, "auto", 64, "sm90"),
     "v32-flashmla-sparse-sm100": ("deepseek-v3.2", "FLASHMLA_SPARSE", "none", 1, "auto", 128, "sm100"),
     "v32-flashmla-sparse-fp8": ("deepseek-v3.2", "FLASHMLA_SPARSE", "none", 1, "fp8", 64, "sm90"),
+    "v32-flashmla-sparse-dcp2": ("deepseek-v3.2", "FLASHMLA_SPARSE", "none", 2, "auto", 64, "sm90"),
 }
 
 
