@@ -7,6 +7,9 @@ test report (``report.mla_cell``, plain values); this plugin reads them in
 crashed worker, a harness bug — still becomes that cell's ``error`` record,
 recovered from its node id. Building the documents and the summary is
 ``report/``'s job; this module feeds it and writes.
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 One ``MatrixRun`` lives in ``config.stash[run_key]`` in every process (the
 controller and each xdist worker). ``run_cell`` turns one cell into a
 ``CellRecord`` of plain values; nothing here writes report files.
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

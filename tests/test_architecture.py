@@ -123,3 +123,16 @@ def test_the_graph_sees_lazy_imports():
     g = graph()
     assert "pytest_mla.kernels.harness" in g["pytest_mla.runner"]  # imported inside a method
     assert "pytest_mla.core.cells" in g["pytest_mla.core.matrix"]  # `from .cells import ...`
+
+
+def test_asserts_in_the_package_are_never_rewritten_by_pytest():
+    """pytest rewrites a plugin's modules: an ``assert``'s message would then change with ``-v`` and
+    ``$CI`` (pytest prints the full diff on CI), and a report holding it would differ between a
+    developer's run and CI's. Every module with an ``assert`` opts out (``PYTEST_DONT_REWRITE``)."""
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(node, ast.Assert) for node in ast.walk(tree)):
+            if "PYTEST_DONT_REWRITE" not in (ast.get_docstring(tree, clean=False) or ""):
+                missing.append(module_name(path))
+    assert not missing, f"modules with assert statements and no PYTEST_DONT_REWRITE: {missing}"

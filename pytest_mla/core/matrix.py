@@ -8,6 +8,9 @@ UTF-8 byte-order mark reads like one without.
 validation (``dcp = [0]``, ``backend = ["no_such_backend"]``): their cells
 run and are judged like any other; the reports keep them out of the
 feature tables and list them under "Input validation".
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ table regenerated from a later run with the same outcomes compares equal
 
 Probe values (``run.probes``) stay out of both and are listed under "Input
 validation". Every string from an engine or a matrix file goes through ``md_text``.
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

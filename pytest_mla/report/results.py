@@ -26,6 +26,9 @@ not written into the result file; the controller keeps them in a side file
 
 Readers ignore fields they do not know; adding a field keeps the version;
 renaming or removing one, or changing the file's layout, bumps it.
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

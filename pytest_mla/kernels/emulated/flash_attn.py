@@ -69,6 +69,9 @@ The contract, all in one place:
   hopper/flash_api.cpp ``mha_fwd_get_scheduler_metadata``). The emulation
   returns zeros of that size: the varlen emulation reads no schedule, so a
   stale or wrong one is not detected (see "What an emulation cannot check").
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

@@ -55,6 +55,9 @@ kernel launches). The contract, all in one place:
   ``gather_kv_indices`` (top-k sparse MLA), relative bias, MXFP8 block scales
   (``sfq`` / ``sfk`` / ``sfv``), ``seqused_q``, the SM120 forward-host bridge.
 * Out-of-range page ids raise (a GPU would read another request's rows).
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ The contract, all in one place:
 are host classes, re-implemented for what the allocator reads (the library's
 ``ValueError`` checks kept); they compute nothing and are not logged as
 emulated kernels.
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

@@ -76,6 +76,9 @@ The contract:
   sits at ``seq_lens[b] - q_len + i`` and sees keys up to it (bottom-right
   aligned: the prefix unmasked, the new tokens triangular), as the wrapper's
   docstring states. ``q_len > seq_lens[b]`` is not modelled.
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations

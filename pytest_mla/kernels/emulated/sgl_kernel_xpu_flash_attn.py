@@ -82,6 +82,9 @@ The contract, and where it differs from the CUDA FA3 emulation (``flash_attn.py`
   ``num_splits``, ``pack_gqa``, ``sm_margin`` and ``scheduler_metadata``
   only schedule the work (the split-KV reduction order) and are not checked,
   except that ``chunkprefill`` refuses ``scheduler_metadata``.
+
+PYTEST_DONT_REWRITE: its ``assert`` statements raise as plain Python's do, so a message
+that reaches a report never changes with pytest's ``-v`` or ``$CI``.
 """
 
 from __future__ import annotations
