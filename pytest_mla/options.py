@@ -70,12 +70,13 @@ def add_options(parser: pytest.Parser) -> None:
              "Write the paths with '=': a bare --mla-matrix takes the next word as its value. Off by default.",
     )
     group.addoption("--mla-select", action="append", default=[], metavar="AXIS=V1,V2",
-                    help="run only cells whose AXIS is one of the values (repeatable; combine with -k).")
+                    help="run only cells whose AXIS is one of the values (repeatable; combine with -k). Cells "
+                         "outside the selection are not collected (no 'deselected' count for them).")
     group.addoption("--mla-shard", default=None, metavar="I/N",
                     help="run the I-th of N deterministic shards of the cells (for parallel CI jobs).")
     group.addoption("--mla-arch", default=None, metavar="ARCH",
                     help="'auto' (default): validate every arch, run kernels for the host's arch; "
-                         "or one arch such as sm90 to run only its cells.")
+                         "or one arch such as sm90 to run (and collect) only its cells.")
     group.addoption("--mla-kernel", default=None, choices=KERNEL_MODES,
                     help="'auto' (default): check the decode kernel of accepted cells; 'off': validation only.")
     group.addoption("--mla-dcp-mode", default=None, choices=DCP_MODES,

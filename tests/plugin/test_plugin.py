@@ -204,6 +204,12 @@ def test_select_shard_and_k_filter_cells(pytester):
                            "--mla-select", "dcp=2")
     r.assert_outcomes(passed=2)
     assert sorted(verdicts(read_report(pytester))) == ["deepseek-v3/fa3/dcp2/none/sm90", "deepseek-v3/triton/dcp2/none/sm90"]
+    # Cells outside the selection are never collected (not collected, then deselected).
+    r = pytester.runpytest("--mla-matrix=m.toml", "--mla-select", "backend=triton,fa3", "--mla-select", "dcp=2",
+                           "--collect-only", "-q")
+    r.stdout.fnmatch_lines(["m.toml::deepseek-v3-triton-dcp2-none-sm90", "m.toml::deepseek-v3-fa3-dcp2-none-sm90",
+                            "2 tests collected*"])
+    assert "deselected" not in r.stdout.str()
     r = pytester.runpytest("--mla-matrix=m.toml", "--mla-kernel=off", "-k", "flashinfer and dcp1")
     r.assert_outcomes(passed=1)
     seen = []
