@@ -371,6 +371,21 @@ def test_cpu_cells_meet_sglangs_cpu_checks_in_the_cpu_process(tmp_path, venv):
 
 
 @pytest.mark.parametrize("venv", PLATFORM_RELEASES)
+def test_a_cpu_amx_cell_first_in_the_cpu_process_answers_as_in_a_full_run(tmp_path, venv):
+    """SGLang 0.5.22 binds torch.ops.sgl_kernel.apply_rotary_pos_emb_cpu when rotary_embedding loads
+    on an AMX CPU (an op this host lacks), and the EAGLE path loads it lazily: a run whose first cell
+    was cpu_amx crashed these cells, which a full run (a cpu cell first) accepts. The CPU child loads
+    it as on a plain CPU before any cell (``platforms.PLAIN_LOADS``)."""
+    _, cells = _platform_cells(
+        venv_python(venv), tmp_path, "--mla-select=model=deepseek-v3", "--mla-select=backend=triton",
+        "--mla-select=dcp=1", "--mla-select=spec=eagle-1x3", "--mla-select=arch=cpu_amx",
+        "--mla-select=kv_dtype=auto,fp8_e4m3")
+    assert sorted(cells) == [f"deepseek-v3/triton/dcp1/eagle-1x3/cpu_amx/kv-{kv}" for kv in ("auto", "fp8_e4m3")]
+    for cell in cells.values():
+        assert cell["verdict"] == "pass" and cell["outcome"]["kind"] == "accepted", cell["outcome"]
+
+
+@pytest.mark.parametrize("venv", PLATFORM_RELEASES)
 def test_rocm_cells_meet_sglangs_checks_and_aiter_wave_are_unreachable(tmp_path, venv):
     """On gfx942/gfx950: dsa refuses a dense model and an fp8_e5m2 DSA cache and builds its backend for
     DeepSeek-V3.2; aiter and wave stop where their modules need AMD's libraries: skips naming them."""

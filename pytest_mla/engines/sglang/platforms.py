@@ -70,6 +70,16 @@ ROCM_TARGETS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1200", "
 #: Per-cell probes: the ROCm target probes answer the cell's GFX target (their string lists, read
 #: from ``utils.common``), ``cpu_has_amx_support`` whether the cell's CPU has AMX tiles.
 ARCH_PROBES = ("is_gfx95_supported", "is_gfx942_supported", "is_gfx1250_supported", "cpu_has_amx_support")
+
+#: Modules a platform's child loads at start, under the platform's plain arch, before any cell: a
+#: module some cells import lazily and whose load binds an op this host lacks under another of the
+#: platform's archs would otherwise load as the first cell that reaches it says. SGLang's
+#: ``layers/rotary_embedding/utils.py`` binds ``torch.ops.sgl_kernel.apply_rotary_pos_emb_cpu`` at
+#: load when the CPU has AMX (an op of sgl-kernel's CPU build, absent here); the EAGLE path imports
+#: it, so a run whose first such cell was ``cpu_amx`` crashed 4 EAGLE cells that a full run (a
+#: ``cpu`` cell first) accepts. Loaded as on a plain CPU, every cell sees one binding (the MLA checks
+#: never call it; per cell, ``platform_check`` leaves that if-block as it loaded).
+PLAIN_LOADS = {"cpu": ("cpu", ("sglang.srt.layers.rotary_embedding",))}
 #: Libraries that exist only for another platform: SGLang code that imports one cannot run on this
 #: host (``UnreachableError``); name -> what it is. (AMD's ``aiter`` is a kernel library the
 #: backends' constructors use after their checks: a GPU step like ``sgl_kernel``, see startup.py.)

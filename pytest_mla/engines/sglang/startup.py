@@ -73,9 +73,9 @@ from ..common.gpu_steps import GpuResource, GpuStep, UnsetField, cuda_absent, en
 from ..common.gpu_steps import stop_at_gpu_steps
 from ..protocol import AdapterError, Configured, UnreachableError
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
-from .platforms import PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, fake_import_platform, known_archs
+from .platforms import PLAIN_LOADS, PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, fake_import_platform, known_archs
 from .platforms import platform_fact_names, platform_facts
-from .support import KERNEL_LIBRARIES, STUBS
+from .support import KERNEL_LIBRARIES, STUBS, adapter_error
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
     raise ImportError("sglang is not installed in this environment", name="sglang")
@@ -286,8 +286,25 @@ class SGLangEngine:
             self._cli_choices = _cli_choices(self._cli_parser)
             self._install_capability()
             self._arch_probes = arch_probes()
+            self._load_plain()
         except AdapterError as exc:  # every cell reports it, naming the step (never a refusal)
             self._broken = exc
+
+    def _load_plain(self) -> None:
+        """``PLAIN_LOADS`` of this process's platform, loaded under its plain arch (not a cell's)."""
+        arch, modules = PLAIN_LOADS.get(self.platform, (None, ()))
+        for name in modules:
+            if importlib.util.find_spec(name.rpartition(".")[0]) is None:
+                continue  # a release without the package
+            try:
+                with self._arch_probes.on(arch), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    importlib.import_module(name)
+            except ModuleNotFoundError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - named, never a refusal
+                raise adapter_error("platform", f"cannot load {name} as on a plain {arch}: "
+                                                f"{type(exc).__name__}: {exc}") from None
 
     # -- Engine protocol -------------------------------------------------------------
     def configure(self, cell: Cell, model: ModelConfig) -> Configured:
