@@ -228,16 +228,21 @@ def add_collection_args(config: pytest.Config, files: list[Path]) -> None:
             config.args.append(os.fspath(f))
 
 
+def selection(settings: Settings) -> list[tuple[str, tuple[Any, ...]]]:
+    """``--mla-select``'s ``(axis, values)`` pairs, and ``("arch", (ARCH,))`` for ``--mla-arch ARCH``."""
+    wanted = list(settings.select)
+    if settings.arch != "auto":
+        wanted.append(("arch", (settings.arch,)))
+    return wanted
+
+
 def selected_axes(axes: Mapping[str, Sequence[Any]], settings: Settings) -> dict[str, Sequence[Any]]:
     """The matrix's axes cut to the values ``--mla-select`` and ``--mla-arch`` keep: their product is
     the selected cells, in matrix order. Cells outside are never built (a slice of a 40,000-cell
     matrix collects in a fraction of a second, not seconds in every xdist worker); ``select_items``
     still applies the whole selection, axes the matrix lacks (a field's default) included."""
     cut = dict(axes)
-    wanted = list(settings.select)
-    if settings.arch != "auto":
-        wanted.append(("arch", (settings.arch,)))
-    for axis, values in wanted:
+    for axis, values in selection(settings):
         if axis in cut:
             cut[axis] = [v for v in cut[axis] if v in values]
     return cut
@@ -284,9 +289,7 @@ def check_selection(run: Any) -> None:
             known.setdefault(axis, []).extend(v for v in values if v not in known.get(axis, []))
     if not known:
         return
-    wanted = list(settings.select)
-    if settings.arch != "auto":
-        wanted.append(("arch", (settings.arch,)))
+    wanted = selection(settings)
     for axis, values in wanted:
         option = ("--mla-arch" if axis == "arch" and settings.arch != "auto" and (axis, values) == wanted[-1]
                   else f"--mla-select {axis}={','.join(str(v) for v in values)}")

@@ -294,14 +294,12 @@ class SGLangEngine:
         """``PLAIN_LOADS`` of this process's platform, loaded under its plain arch (not a cell's)."""
         arch, modules = PLAIN_LOADS.get(self.platform, (None, ()))
         for name in modules:
-            if importlib.util.find_spec(name.rpartition(".")[0]) is None:
-                continue  # a release without the package
             try:
                 with self._arch_probes.on(arch), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     importlib.import_module(name)
             except ModuleNotFoundError:
-                continue
+                continue  # a release without the module
             except Exception as exc:  # noqa: BLE001 - named, never a refusal
                 raise adapter_error("platform", f"cannot load {name} as on a plain {arch}: "
                                                 f"{type(exc).__name__}: {exc}") from None
