@@ -19,9 +19,11 @@
 # tabulate. Transitive versions come from tools/locks/NAME-VERSION.txt (pip freeze of a venv that
 # passed); a release without a lock file still builds, unpinned, with a warning. A stamp file
 # records the pins; a venv whose stamp matches is reused as is, so a rerun only runs the matrices.
-# Reports: reports/NAME-VERSION.{json,md,html} (e.g. reports/sglang-0.5.23.*).
+# Reports: reports/NAME-VERSION.{json,md,html} (e.g. reports/sglang-0.5.23.*), and after a green run
+# with kernel checks NAME-VERSION.source, the hash of the source it ran (tools/ci_reports.py).
 # Environment: MLA_CONFORMANCE_KERNEL=auto|off (default auto: run the engines' own kernels),
 # MLA_CONFORMANCE_JOBS (pytest -n, default 2), MLA_REPORT_DIR (default reports),
+# MLA_CONFORMANCE_VALIDATION_ONLY (reports, e.g. "sglang-0.5.22": those matrices run --mla-kernel=off),
 # MLA_STRICT_COVERAGE (default 1: every engine is held to --mla-strict-coverage, a registered
 # MLA-capable backend its matrix lacks fails the run; 0 or --no-strict-coverage: only listed; a comma
 # list of engines, e.g. vllm: only those held to it).
@@ -40,6 +42,7 @@ JOBS="${MLA_CONFORMANCE_JOBS:-2}"  # pytest -n: cells (and their kernel checks) 
 # auto: accepted cells run the engine's own kernels (its Triton backends under the interpreter
 # here, every backend on a GPU); off: validation only.
 KERNEL="${MLA_CONFORMANCE_KERNEL:-auto}"
+VALIDATION_ONLY="${MLA_CONFORMANCE_VALIDATION_ONLY:-}"
 # Import-time dependencies of the engines (shared/reference/*.md), pure Python or CPU wheels.
 SGLANG_DEPS="numpy orjson psutil pybase64 requests packaging pillow fastapi msgspec pyzmq tqdm \
 ipython aiohttp transformers dill sentencepiece loguru gguf openai partial_json_parser einops \
@@ -174,38 +177,72 @@ ensure_venv() {
 }
 
 run_matrix() {
-  local dir="$1" matrix="$2" engine="$3"
+  local dir="$1" matrix="$2" engine="$3" report="$4"
   local t0; t0="$(now)"
   local rc=0
   local strict_here=("${strict[@]}")
   [[ ",$strict_engines," == *",$engine,"* ]] && strict_here=(--mla-strict-coverage)
+  local kernel="$KERNEL"
+  [[ " ${VALIDATION_ONLY//,/ } " == *" $report "* ]] && kernel=off
+  # A report whose kernel column this run computed records the source it was computed from
+  # (tools/ci_reports.py): CI may then trust that column while the source is unchanged.
+  rm -f "$REPORT_DIR/$report.source"
   "$dir/bin/python" -m pytest -p no:cacheprovider -q --no-header -rN \
     --rootdir "$ROOT" -c "$ROOT/tools/engine-pytest.ini" \
-    --mla-matrix="$matrix" --mla-kernel="$KERNEL" -n "$JOBS" \
+    --mla-matrix="$matrix" --mla-kernel="$kernel" -n "$JOBS" \
     --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' "${strict_here[@]}" || rc=$?
-  echo "conformance: $matrix with $dir: exit $rc in $(elapsed "$t0")s"
+  if (( rc == 0 )) && [[ "$kernel" == auto ]]; then
+    "$dir/bin/python" "$ROOT/tools/ci_reports.py" source-hash > "$REPORT_DIR/$report.source"
+  fi
+  echo "conformance: $matrix with $dir (kernels: $kernel): exit $rc in $(elapsed "$t0")s"
   return $rc
 }
 
 total0="$(now)"
 status=0
+chosen=()
 for spec in "${VENVS[@]}"; do
-  IFS='|' read -r dir engine depsvar nodepsvar lock <<<"$spec"
-  selected "$dir" || continue
-  ensure_venv "$dir" "$engine" "${!depsvar}" "${!nodepsvar}" "$lock"
+  IFS='|' read -r dir _ _ _ _ <<<"$spec"
+  selected "$dir" && chosen+=("$spec")
 done
+ensure_spec() {
+  local dir engine depsvar nodepsvar lock
+  IFS='|' read -r dir engine depsvar nodepsvar lock <<<"$1"
+  ensure_venv "$dir" "$engine" "${!depsvar}" "${!nodepsvar}" "$lock"
+}
 if (( install_only )); then
+  for spec in "${chosen[@]}"; do ensure_spec "$spec"; done
   echo "conformance: venvs ready in $(elapsed "$total0")s"
   exit 0
 fi
-for spec in "${VENVS[@]}"; do
+# The first venv is made now; the others in the background while its matrix runs (pip waits on the
+# network and the disk more than on the CPU), their log printed once they are needed.
+builder="" builder_log=""
+(( ${#chosen[@]} )) && ensure_spec "${chosen[0]}"
+if (( ${#chosen[@]} > 1 )); then
+  builder_log="$(mktemp)"
+  # (no `|| exit` here: errexit stops the subshell at a failing pip, as it would the script)
+  ( for spec in "${chosen[@]:1}"; do ensure_spec "$spec"; done ) > "$builder_log" 2>&1 &
+  builder=$!
+fi
+first=1
+for spec in "${chosen[@]}"; do
   IFS='|' read -r dir engine _ _ _ <<<"$spec"
-  selected "$dir" || continue
+  if (( ! first )) && [[ -n "$builder" ]]; then
+    build_rc=0
+    wait "$builder" || build_rc=$?
+    cat "$builder_log"; rm -f "$builder_log"; builder=""
+    if (( build_rc )); then
+      echo "conformance: creating the venvs after ${chosen[0]%%|*} failed (exit $build_rc)" >&2
+      exit 1
+    fi
+  fi
+  first=0
   case "$engine" in
     sglang*) matrix=matrix/sglang.toml; name=sglang ;;
     vllm*) matrix=matrix/vllm.toml; name=vllm ;;
   esac
-  run_matrix "$dir" "$matrix" "$name" || status=1
+  run_matrix "$dir" "$matrix" "$name" "${engine/==/-}" || status=1
 done
 echo "conformance: total $(elapsed "$total0")s"
 exit $status
