@@ -32,3 +32,26 @@ def run_matrix(python: Path, matrix: Path, report_dir: Path, *args: str, timeout
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     sys.stdout.write(result.stdout[-4000:])
     return result
+
+
+def committed_slice(report: str, *select: str) -> tuple[dict, dict[str, dict]]:
+    """The document ``reports/REPORT.json`` and those of its cells that ``--mla-select`` arguments pick.
+
+    A test of what an engine release does in a slice of its matrix reads it here instead of running the
+    slice again: CI recomputes every committed report and fails on any difference (``.ci/run``), so
+    these are the cells a fresh run of the slice gives, at the cost of reading a file. As a green run
+    of the slice would, it asserts that none of them failed or errored.
+    """
+    from pytest_mla.report.results import read_results
+
+    document = read_results(ROOT / "reports" / f"{report}.json")
+    wanted: dict[str, set[str]] = {}
+    for arg in select:
+        axis, _, values = arg.removeprefix("--mla-select=").partition("=")
+        wanted[axis] = set(values.split(","))
+    cells = {c["id"]: c for c in document["cells"]
+             if all(str(c["coords"][axis]) in values for axis, values in wanted.items())}
+    assert cells, f"no cell of reports/{report}.json is in {select}"
+    broken = {cell_id: c["verdict"] for cell_id, c in cells.items() if c["verdict"] not in ("pass", "skip", "xfail")}
+    assert not broken, broken
+    return document, cells
