@@ -9,7 +9,9 @@ Two kinds of tests:
   a CUDA-only failure after the checks is a note, an adapter-side problem
   is verdict ``error`` naming the step and version, never a refusal;
 * against the real releases, inside their venvs (``.venv-sglang`` is 0.5.23,
-  ``.venv-sglang-0.5.22``/``-0.5.21``/``-0.5.20``), skipped when a venv is absent.
+  ``.venv-sglang-0.5.22``/``-0.5.21``/``-0.5.20``), skipped when a venv is absent; what a
+  release does in a platform's slice is read in its committed report (``committed_slice``),
+  which CI recomputes and holds to the committed one.
 """
 
 from __future__ import annotations

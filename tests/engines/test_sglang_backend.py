@@ -5,7 +5,9 @@ skipped when one is absent) through ``tests/engines/sglang_faults.py``, which
 replaces one of the installed SGLang's functions at run time (never the
 venv's files): a fault in SGLang's decode kernel, its verify kernel or its
 DCP merge must turn the cells it touches from verified into failed, and
-leave the others verified.
+leave the others verified. What 0.5.23 does in a slice of its matrix (a baseline
+slice, a platform's cells) is read in its committed report (``committed_slice``),
+which CI recomputes and holds to the committed one; one live slice is held to it.
 """
 
 from __future__ import annotations

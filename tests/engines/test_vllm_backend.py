@@ -7,7 +7,9 @@ vLLM's MLA decode kernel, its DCP merge, its scales or its MLA prefill merge
 must turn the cells it touches from verified into failed, and leave the
 others verified. The CUDA backends (FLASHMLA, FLASHINFER_MLA, CUTLASS_MLA,
 FLASH_ATTN_MLA) run vLLM's code around float64 emulations of their kernels
-on this host (level ``emulated``).
+on this host (level ``emulated``). What 0.34.0 does in a slice of its matrix (a
+baseline slice, a platform's cells) is read in its committed report
+(``committed_slice``), which CI recomputes and holds to the committed one.
 """
 
 from __future__ import annotations
