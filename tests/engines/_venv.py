@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -34,24 +35,30 @@ def run_matrix(python: Path, matrix: Path, report_dir: Path, *args: str, timeout
     return result
 
 
+@functools.lru_cache(maxsize=None)
+def _committed(report: str) -> dict:
+    from pytest_mla.report.results import read_results
+
+    return read_results(ROOT / "reports" / f"{report}.json")
+
+
 def committed_slice(report: str, *select: str) -> tuple[dict, dict[str, dict]]:
     """The document ``reports/REPORT.json`` and those of its cells that ``--mla-select`` arguments pick.
 
     A test of what an engine release does in a slice of its matrix reads it here instead of running the
     slice again: CI recomputes every committed report and fails on any difference (``.ci/run``), so
-    these are the cells a fresh run of the slice gives, at the cost of reading a file. As a green run
-    of the slice would, it asserts that none of them failed or errored.
+    these are the cells a fresh run of the slice gives, at the cost of reading a file (once per
+    process; callers only read it). As a green run of the slice would, it asserts that none of them
+    failed, errored or passed unexpectedly.
     """
-    from pytest_mla.report.results import read_results
+    from pytest_mla.core.verdicts import PASS, SKIP, XFAIL
+    from pytest_mla.options import parse_select
 
-    document = read_results(ROOT / "reports" / f"{report}.json")
-    wanted: dict[str, set[str]] = {}
-    for arg in select:
-        axis, _, values = arg.removeprefix("--mla-select=").partition("=")
-        wanted[axis] = set(values.split(","))
+    document = _committed(report)
+    wanted = parse_select([arg.removeprefix("--mla-select=") for arg in select])
     cells = {c["id"]: c for c in document["cells"]
-             if all(str(c["coords"][axis]) in values for axis, values in wanted.items())}
+             if all(c["coords"][axis] in values for axis, values in wanted)}
     assert cells, f"no cell of reports/{report}.json is in {select}"
-    broken = {cell_id: c["verdict"] for cell_id, c in cells.items() if c["verdict"] not in ("pass", "skip", "xfail")}
+    broken = {cell_id: c["verdict"] for cell_id, c in cells.items() if c["verdict"] not in (PASS, SKIP, XFAIL)}
     assert not broken, broken
     return document, cells
