@@ -50,6 +50,22 @@ interpreter so that it computes what a GPU computes, and restores it after:
   every normal value, NaN and inf, and the exact value for bf16 subnormals
   (which Triton 3.9's generic conversion flushes to zero). Every other
   conversion is Triton's own.
+* ``bf16_rounding_fix``: ``x.to(tl.bfloat16)`` from fp32 (and every store of
+  an fp32 value into a bf16 tensor) is an ``fptrunc``, which a GPU rounds to
+  nearest even (``cvt.rn.bf16.f32``); Triton's interpreter truncates the 16
+  low bits instead (``_convert_float`` with no rounding mode), a one-sided
+  error of up to one bf16 ulp on every narrowed value. The fix rounds to
+  nearest even, ties to even, NaN kept a quiet NaN, overflow to inf, as
+  torch's ``.to(torch.bfloat16)`` does; an explicit ``rtz`` still truncates.
+  It is also the interpreter's most expensive conversion (a third of a
+  sparse MLA check), and the fix is four numpy operations.
+* ``fast_small_float_conversions`` (speed only): a conversion from an 8- or
+  16-bit float (fp8, fp16, bf16) to another float format is a function of
+  the 256 or 65,536 codes of its input, so it is a table lookup: each table
+  is built once per process by calling the conversion it replaces on every
+  code, which makes every result bit-identical to that conversion's by
+  construction (``tests/kernels/test_interpreter.py`` checks it on every
+  code). An fp8 cache's widening was a quarter of a ROCm FP8 check.
 
 Each fix is re-entrant (reference counted) and does nothing unless
 ``where == "interpreter"`` and ``TRITON_INTERPRET`` is on: on a GPU nothing
@@ -64,7 +80,8 @@ import dataclasses
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["bf16_dot_fix", "fast_bf16_widening", "fp8_specials_fix", "int1_mask_fix", "interpreter_fixes", "jit_constexprs_fix", "no_device_call_repatch",
+__all__ = ["bf16_dot_fix", "bf16_rounding_fix", "fast_bf16_widening", "fast_small_float_conversions",
+           "fp8_specials_fix", "int1_mask_fix", "interpreter_fixes", "jit_constexprs_fix", "no_device_call_repatch",
            "no_overflow_sanitizer"]
 
 _lock = threading.Lock()
@@ -250,6 +267,72 @@ def _install_fast_bf16_widening() -> Callable[[], None]:
     return undo
 
 
+def _install_bf16_rounding() -> Callable[[], None]:
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert_float(input: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode is None:
+            return _fp32_bits_to_bf16_rtne(np.asarray(input, dtype=np.float32).view(np.uint32))
+        return original(input, input_dtype, output_dtype, rounding_mode)
+
+    interpreter._convert_float = convert_float
+
+    def undo() -> None:
+        interpreter._convert_float = original
+
+    return undo
+
+
+def _fp32_bits_to_bf16_rtne(bits: Any) -> Any:
+    """bf16 bit patterns (uint16) of fp32 bit patterns (uint32), rounded to nearest, ties to even."""
+    import numpy as np
+
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x0040)  # the sign and high payload kept, quiet bit set
+    return np.where(nan, quiet_nan, rounded).astype(np.uint16)
+
+
+#: Tables of ``fast_small_float_conversions``, by (the conversion they replace, input, output, rounding mode).
+#: The key holds the conversion function itself, so a table never outlives what it was built from.
+_CONVERSION_TABLES: dict[tuple[Any, str, str, Any], Any] = {}
+
+
+def _install_fast_small_float_conversions() -> Callable[[], None]:
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def table(input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
+        key = (original, input_dtype.name, output_dtype.name, rounding_mode)
+        found = _CONVERSION_TABLES.get(key)
+        if found is None:
+            width = input_dtype.primitive_bitwidth
+            codes = np.arange(1 << width, dtype=np.uint32).astype(f"uint{width}")
+            found = _CONVERSION_TABLES[key] = np.asarray(original(codes, input_dtype, output_dtype, rounding_mode))
+        return found
+
+    def convert_float(input: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
+        data = np.asarray(input)
+        width = input_dtype.primitive_bitwidth
+        if width <= 16 and data.dtype.itemsize * 8 == width:  # (the interpreter holds fp16 as float16, others as uint)
+            codes = data.view(f"uint{width}")
+            return table(input_dtype, output_dtype, rounding_mode)[codes.reshape(-1)].reshape(data.shape)
+        return original(input, input_dtype, output_dtype, rounding_mode)
+
+    interpreter._convert_float = convert_float
+
+    def undo() -> None:
+        interpreter._convert_float = original
+
+    return undo
+
+
 #: The fp8 formats' special values, by the bytes that hold them: (NaN test, inf test or None).
 _FP8_SPECIALS = {
     "fp8e4nv": (lambda b: (b & 0x7F) == 0x7F, None),  # e4m3fn: S.1111.111 is NaN, no inf
@@ -296,13 +379,17 @@ def _install_fp8_specials() -> Callable[[], None]:
 bf16_dot_fix = _scoped("bf16_dot_fix", _install_bf16_dot)
 fp8_specials_fix = _scoped("fp8_specials_fix", _install_fp8_specials)
 fast_bf16_widening = _scoped("fast_bf16_widening", _install_fast_bf16_widening)
+bf16_rounding_fix = _scoped("bf16_rounding_fix", _install_bf16_rounding)
+fast_small_float_conversions = _scoped("fast_small_float_conversions", _install_fast_small_float_conversions)
 no_device_call_repatch = _scoped("no_device_call_repatch", _install_no_device_call_repatch)
 no_overflow_sanitizer = _scoped("no_overflow_sanitizer", _install_no_overflow_sanitizer)
 int1_mask_fix = _scoped("int1_mask_fix", _install_int1_mask)
 jit_constexprs_fix = _scoped("jit_constexprs_fix", _install_jit_constexprs)
 
+# In this order (each wraps what those before it installed): the tables of fast_small_float_conversions are
+# built from Triton's own conversion, and fp8_specials_fix, outermost, marks the special bytes after any of them.
 FIXES = (bf16_dot_fix, no_overflow_sanitizer, int1_mask_fix, jit_constexprs_fix, no_device_call_repatch,
-         fast_bf16_widening, fp8_specials_fix)
+         fast_small_float_conversions, fast_bf16_widening, bf16_rounding_fix, fp8_specials_fix)
 
 
 @contextlib.contextmanager

@@ -235,3 +235,104 @@ def test_fp8_specials_fix_widens_every_byte_as_torch_does_nan_and_inf_included(d
     assert not torch.equal(plain.isnan(), want.isnan())
     widen[(1,)](x, fixed, N=256)  # restored after the block
     assert torch.equal(fixed.isnan(), plain.isnan())
+
+
+@interpreted
+def test_bf16_rounding_fix_narrows_fp32_to_bf16_as_torch_does_to_nearest_even():
+    """fp32 → bf16 in a kernel (an explicit ``.to`` and a store into a bf16 tensor): bit for bit torch's
+    ``.to(torch.bfloat16)`` (round to nearest, ties to even) with the fix, NaN where torch's is NaN; without
+    it the interpreter truncates (it still needs the fix); ``rtz`` keeps truncating with it."""
+    import triton
+    import triton.language as tl
+
+    from pytest_mla.kernels.interpreter import bf16_rounding_fix
+
+    @triton.jit
+    def narrow(x_ptr, y_ptr, z_ptr, t_ptr, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        x = tl.load(x_ptr + offs)
+        tl.store(y_ptr + offs, x.to(tl.bfloat16))
+        tl.store(z_ptr + offs, x)  # the store narrows it
+        tl.store(t_ptr + offs, x.to(tl.bfloat16, fp_downcast_rounding="rtz"))
+
+    g = torch.Generator().manual_seed(11)
+    random_bits = torch.randint(-2**31, 2**31 - 1, (3000,), generator=g, dtype=torch.int64).to(torch.int32)
+    edges = [0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0xBF818000,  # ties to even (down, up), either side
+             0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F800000, 0xFF800000,  # rounding to inf; inf
+             0x7F800001, 0xFF800001, 0x7FC00000, 0x7FFFFFFF,  # NaNs (one whose payload is only in the low half)
+             0x00000001, 0x00008000, 0x00018000, 0x807FFFFF, 0x00000000, 0x80000000]  # subnormals, zeros
+    edge_bits = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in edges], dtype=torch.int64).to(torch.int32)
+    values = torch.randn(1000, generator=g) * torch.logspace(-30, 30, 1000)
+    x = torch.cat([random_bits.view(torch.float32), edge_bits.view(torch.float32), values])
+    x = torch.cat([x, torch.zeros(4096 - x.numel())])
+    want = x.to(torch.bfloat16)
+
+    def run():
+        out = [torch.full((x.numel(),), 7.0, dtype=torch.bfloat16) for _ in range(3)]
+        narrow[(1,)](x, *out, N=x.numel())
+        return out
+
+    plain, _, plain_rtz = run()
+    with bf16_rounding_fix("interpreter") as active:
+        converted, stored, rtz = run()
+    assert active
+    finite = ~want.isnan()
+    for got in (converted, stored):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[finite].view(torch.int16), want[finite].view(torch.int16))
+    assert torch.equal(rtz.view(torch.int16), plain_rtz.view(torch.int16))  # an explicit rtz is Triton's own
+    assert not torch.equal(plain[finite].view(torch.int16), want[finite].view(torch.int16))
+    normal = finite & (x.abs() >= torch.finfo(torch.float32).tiny)
+    truncated = (x.view(torch.int32) >> 16).to(torch.int16)
+    assert torch.equal(plain[normal].view(torch.int16), truncated[normal])  # what Triton 3.9's interpreter does
+
+
+SMALL_FLOATS = ["fp8e4nv", "fp8e5", "fp8e4b8", "fp8e5b16", "fp16", "bf16"]
+
+
+@interpreted
+@pytest.mark.parametrize("source", SMALL_FLOATS)
+def test_fast_small_float_conversions_give_tritons_bits_for_every_code(source):
+    """Every code of an 8- or 16-bit float, converted to every other float format and rounding mode the
+    interpreter's conversion takes: bit for bit Triton's own conversion, in the input's shape (0-d included)."""
+    import numpy as np
+    import triton.language as tl
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    from pytest_mla.kernels.interpreter import fast_small_float_conversions
+
+    dtypes = {t.name: t for t in (tl.float8e4nv, tl.float8e5, tl.float8e4b8, tl.float8e5b16, tl.float16, tl.bfloat16,
+                                  tl.float32)}
+    src = dtypes[source]
+    width = src.primitive_bitwidth
+    g = np.random.default_rng(13)
+    codes = g.permutation(1 << width).astype(f"uint{width}").reshape(-1, 16)
+    if source == "fp16":
+        codes = codes.view(np.float16)  # as the interpreter holds fp16
+    checked = set()
+    for out in dtypes.values():
+        if out is src:
+            continue
+        for mode in (None, ir.ROUNDING_MODE.RTNE, ir.ROUNDING_MODE.RTZ):
+            try:
+                want = interpreter._convert_float(codes, src, out, mode)
+            except Exception as exc:  # a pair Triton's conversion cannot do (fp8 to fp8 of more mantissa bits)
+                with fast_small_float_conversions(), pytest.raises(type(exc)):
+                    interpreter._convert_float(codes, src, out, mode)
+                continue
+            scalar = interpreter._convert_float(codes[3, 5:6].reshape(()), src, out, mode)
+            with fast_small_float_conversions() as active:
+                got = interpreter._convert_float(codes, src, out, mode)
+                got_scalar = interpreter._convert_float(codes[3, 5:6].reshape(()), src, out, mode)
+            assert active
+            assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), (out, mode)
+            assert got_scalar.shape == () and got_scalar == scalar
+            checked.add((out.name, mode))
+    # the widenings every engine kernel does are among them (an fp8 cache read as fp16 / bf16 / fp32)
+    widenings = {"fp32", "fp16", "bf16"} if source.startswith("fp8") else {"fp32"}
+    assert {(out, None) for out in widenings} <= checked
+    fp32 = np.ones(4, dtype=np.float32)  # a 32-bit input is Triton's own conversion
+    with fast_small_float_conversions():
+        assert np.array_equal(interpreter._convert_float(fp32, tl.float32, tl.bfloat16, None),
+                              np.full(4, 0x3F80, dtype=np.uint16))
