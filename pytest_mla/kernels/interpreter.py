@@ -57,8 +57,8 @@ interpreter so that it computes what a GPU computes, and restores it after:
   error of up to one bf16 ulp on every narrowed value. The fix rounds to
   nearest even, ties to even, NaN kept a quiet NaN, overflow to inf, as
   torch's ``.to(torch.bfloat16)`` does; an explicit ``rtz`` still truncates.
-  It is also the interpreter's most expensive conversion (a third of a
-  sparse MLA check), and the fix is four numpy operations.
+  It is also the interpreter's most expensive conversion (a fifth of a
+  sparse MLA check), and the fix is a few numpy operations.
 * ``fast_small_float_conversions`` (speed only): a conversion from an 8- or
   16-bit float (fp8, fp16, bf16) to another float format is a function of
   the 256 or 65,536 codes of its input, so it is a table lookup: each table
@@ -66,6 +66,10 @@ interpreter so that it computes what a GPU computes, and restores it after:
   code, which makes every result bit-identical to that conversion's by
   construction (``tests/kernels/test_interpreter.py`` checks it on every
   code). An fp8 cache's widening was a quarter of a ROCm FP8 check.
+* ``fast_np_dtype`` (speed only): the interpreter maps a Triton type to the
+  numpy type holding it (``_get_np_dtype``) by building a 17-entry dict on
+  each of the ~100,000 calls of a check; the fix asks it once per scalar
+  type (a block type's answer is its element type's) and remembers it.
 
 Each fix is re-entrant (reference counted) and does nothing unless
 ``where == "interpreter"`` and ``TRITON_INTERPRET`` is on: on a GPU nothing
@@ -80,7 +84,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["bf16_dot_fix", "bf16_rounding_fix", "fast_bf16_widening", "fast_small_float_conversions",
+__all__ = ["bf16_dot_fix", "bf16_rounding_fix", "fast_bf16_widening", "fast_np_dtype", "fast_small_float_conversions",
            "fp8_specials_fix", "int1_mask_fix", "interpreter_fixes", "jit_constexprs_fix", "no_device_call_repatch",
            "no_overflow_sanitizer"]
 
@@ -292,9 +296,11 @@ def _fp32_bits_to_bf16_rtne(bits: Any) -> Any:
     import numpy as np
 
     rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
-    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x0040)  # the sign and high payload kept, quiet bit set
-    return np.where(nan, quiet_nan, rounded).astype(np.uint16)
+    rounded = np.asarray(rounded).astype(np.uint16)  # (an array also for a 0-d input, whose arithmetic gives scalars)
+    nan = np.asarray((bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000))
+    if nan.any():  # rounding could carry a NaN's payload into inf: keep the sign and high payload, quiet bit set
+        rounded[nan] = ((bits[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    return rounded
 
 
 #: Tables of ``fast_small_float_conversions``, by (the conversion they replace, input, output, rounding mode).
@@ -329,6 +335,31 @@ def _install_fast_small_float_conversions() -> Callable[[], None]:
 
     def undo() -> None:
         interpreter._convert_float = original
+
+    return undo
+
+
+def _install_fast_np_dtype() -> Callable[[], None]:
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._get_np_dtype
+    known: dict[Any, Any] = {}
+
+    def get_np_dtype(tt_dtype: Any) -> Any:
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        try:
+            return known[scalar]
+        except KeyError:
+            found = known[scalar] = original(scalar)
+            return found
+        except TypeError:  # not hashable: Triton's own answer
+            return original(tt_dtype)
+
+    interpreter._get_np_dtype = get_np_dtype
+
+    def undo() -> None:
+        interpreter._get_np_dtype = original
 
     return undo
 
@@ -381,6 +412,7 @@ fp8_specials_fix = _scoped("fp8_specials_fix", _install_fp8_specials)
 fast_bf16_widening = _scoped("fast_bf16_widening", _install_fast_bf16_widening)
 bf16_rounding_fix = _scoped("bf16_rounding_fix", _install_bf16_rounding)
 fast_small_float_conversions = _scoped("fast_small_float_conversions", _install_fast_small_float_conversions)
+fast_np_dtype = _scoped("fast_np_dtype", _install_fast_np_dtype)
 no_device_call_repatch = _scoped("no_device_call_repatch", _install_no_device_call_repatch)
 no_overflow_sanitizer = _scoped("no_overflow_sanitizer", _install_no_overflow_sanitizer)
 int1_mask_fix = _scoped("int1_mask_fix", _install_int1_mask)
@@ -389,7 +421,7 @@ jit_constexprs_fix = _scoped("jit_constexprs_fix", _install_jit_constexprs)
 # In this order (each wraps what those before it installed): the tables of fast_small_float_conversions are
 # built from Triton's own conversion, and fp8_specials_fix, outermost, marks the special bytes after any of them.
 FIXES = (bf16_dot_fix, no_overflow_sanitizer, int1_mask_fix, jit_constexprs_fix, no_device_call_repatch,
-         fast_small_float_conversions, fast_bf16_widening, bf16_rounding_fix, fp8_specials_fix)
+         fast_small_float_conversions, fast_bf16_widening, bf16_rounding_fix, fp8_specials_fix, fast_np_dtype)
 
 
 @contextlib.contextmanager

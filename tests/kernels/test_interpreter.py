@@ -242,6 +242,7 @@ def test_bf16_rounding_fix_narrows_fp32_to_bf16_as_torch_does_to_nearest_even():
     """fp32 → bf16 in a kernel (an explicit ``.to`` and a store into a bf16 tensor): bit for bit torch's
     ``.to(torch.bfloat16)`` (round to nearest, ties to even) with the fix, NaN where torch's is NaN; without
     it the interpreter truncates (it still needs the fix); ``rtz`` keeps truncating with it."""
+    import numpy as np
     import triton
     import triton.language as tl
 
@@ -275,7 +276,12 @@ def test_bf16_rounding_fix_narrows_fp32_to_bf16_as_torch_does_to_nearest_even():
     plain, _, plain_rtz = run()
     with bf16_rounding_fix("interpreter") as active:
         converted, stored, rtz = run()
+        from triton.runtime import interpreter
+
+        scalars = [interpreter._convert_float(np.array(v, dtype=np.float32), tl.float32, tl.bfloat16, None)
+                   for v in (np.nan, 1.0 + 2**-7 + 2**-8)]  # 0-d values (a tie: to the even 0x3F82)
     assert active
+    assert [s.shape for s in scalars] == [(), ()] and (scalars[0] & 0x7FFF) > 0x7F80 and scalars[1] == 0x3F82
     finite = ~want.isnan()
     for got in (converted, stored):
         assert torch.equal(got.isnan(), want.isnan())
@@ -336,3 +342,24 @@ def test_fast_small_float_conversions_give_tritons_bits_for_every_code(source):
     with fast_small_float_conversions():
         assert np.array_equal(interpreter._convert_float(fp32, tl.float32, tl.bfloat16, None),
                               np.full(4, 0x3F80, dtype=np.uint16))
+
+
+@interpreted
+def test_fast_np_dtype_answers_as_triton_does_for_every_type():
+    """Every scalar type, its pointer and a block of each: the same numpy type as Triton's own lookup."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from pytest_mla.kernels.interpreter import fast_np_dtype
+
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float16,
+               tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e5b16, tl.float8e4nv, tl.float8e4b8,
+               tl.float8e4b15]
+    types = scalars + [tl.pointer_type(t) for t in scalars]
+    types += [tl.block_type(t, [4, 8]) for t in types]
+    want = [interpreter._get_np_dtype(t) for t in types]
+    with fast_np_dtype() as active:
+        assert active
+        for _ in range(2):  # asked, then remembered
+            assert [interpreter._get_np_dtype(t) for t in types] == want
+    assert len(set(map(str, want))) > 10
