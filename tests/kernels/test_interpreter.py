@@ -363,3 +363,90 @@ def test_fast_np_dtype_answers_as_triton_does_for_every_type():
         for _ in range(2):  # asked, then remembered
             assert [interpreter._get_np_dtype(t) for t in types] == want
     assert len(set(map(str, want))) > 10
+
+
+FP8_TORCH = {"fp8e4nv": torch.float8_e4m3fn, "fp8e5": torch.float8_e5m2, "fp8e4b8": torch.float8_e4m3fnuz,
+             "fp8e5b16": torch.float8_e5m2fnuz}
+
+
+def _nearest_even_fp8(values, dtype):
+    """The oracle: the nearest finite value of the fp8 format (its 256 codes decoded by torch's widening),
+    a tie to the even code; NaN for NaN. Values beyond the largest finite are not asked."""
+    decoded = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).double()
+    magnitude_codes = [c for c in range(128) if torch.isfinite(decoded[c])]
+    grid = decoded[magnitude_codes]  # increasing with the code
+    v = values.double()
+    distance = (v.abs()[:, None] - grid[None, :]).abs()
+    best = distance.min(dim=1, keepdim=True).values
+    ties = distance == best
+    codes = torch.tensor(magnitude_codes)
+    even = ties & (codes[None, :] % 2 == 0)
+    pick = torch.where(even.any(dim=1), even.float().argmax(dim=1), ties.float().argmax(dim=1))
+    nearest = grid[pick] * torch.where(v < 0, -1.0, 1.0)
+    return torch.where(v.isnan(), float("nan"), nearest)
+
+
+@interpreted
+@pytest.mark.parametrize("fp8", list(FP8_TORCH))
+def test_fp8_rounding_fix_narrows_to_the_nearest_fp8_value_ties_to_even(fp8):
+    """fp32 / bf16 / fp16 → fp8 with the default rounding: the nearest value of the format, ties to the even
+    code, NaN for NaN (an oracle built from the decoded codes); without the fix the interpreter halves values
+    whose rounding carries into the exponent (it still needs it). In a kernel too (``x.to(fp8)``, stored)."""
+    import numpy as np
+    import triton
+    import triton.language as tl
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    from pytest_mla.kernels.interpreter import fp8_rounding_fix
+
+    dtype = FP8_TORCH[fp8]
+    largest = torch.finfo(dtype).max
+    g = torch.Generator().manual_seed(17)
+    decoded = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()
+    finite = decoded[torch.isfinite(decoded)]
+    midpoints = (finite.sort().values[1:] + finite.sort().values[:-1]) / 2  # every tie
+    values = torch.cat([torch.randn(3000, generator=g) * largest / 8, torch.randn(1000, generator=g) * 1e-3,
+                        finite, midpoints, torch.tensor([largest, -largest, 0.0, -0.0, float("nan")])])
+    values = values[(values.abs() <= largest) | values.isnan()]
+    tt = getattr(tl, {"fp8e4nv": "float8e4nv", "fp8e5": "float8e5", "fp8e4b8": "float8e4b8",
+                      "fp8e5b16": "float8e5b16"}[fp8])
+    want = _nearest_even_fp8(values, dtype)
+
+    def narrowed(source):
+        if source == "fp32":
+            data, tt_in, exact = values.numpy(), tl.float32, values
+        elif source == "bf16":
+            held = values.to(torch.bfloat16)
+            data, tt_in, exact = held.view(torch.int16).numpy().view(np.uint16), tl.bfloat16, held.float()
+        else:
+            held = values.to(torch.float16)
+            data, tt_in, exact = held.numpy(), tl.float16, held.float()
+        codes = interpreter._convert_float(data, tt_in, tt, ir.ROUNDING_MODE.RTNE)
+        got = torch.from_numpy(np.asarray(codes, dtype=np.uint8).copy()).view(dtype).double()
+        return got, _nearest_even_fp8(exact, dtype)
+
+    plain, _ = narrowed("fp32")
+    with fp8_rounding_fix() as active:
+        results = {source: narrowed(source) for source in ("fp32", "bf16", "fp16")}
+    assert active
+    for source, (got, expected) in results.items():
+        assert torch.equal(got.isnan(), expected.isnan()), source
+        ok = ~expected.isnan()
+        assert torch.equal(got[ok], expected[ok]), (source, values[ok][got[ok] != expected[ok]][:5])
+    ok = ~want.isnan()
+    assert not torch.equal(plain[ok], want[ok])  # Triton 3.9's interpreter still gets some wrong
+
+    @triton.jit
+    def narrow(x_ptr, y_ptr, N: tl.constexpr, FP8: tl.constexpr):
+        offs = tl.arange(0, N)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(FP8))
+
+    n = 8192
+    x = torch.cat([values, torch.zeros(n - values.numel())])[:n]
+    y = torch.zeros(n, dtype=dtype)
+    with fp8_rounding_fix():
+        narrow[(1,)](x, y, N=n, FP8=tt)
+    expected = _nearest_even_fp8(x, dtype)
+    assert torch.equal(y.double().isnan(), expected.isnan())
+    assert torch.equal(y.double()[~expected.isnan()], expected[~expected.isnan()])
