@@ -241,7 +241,7 @@ def test_fp8_specials_fix_widens_every_byte_as_torch_does_nan_and_inf_included(d
 def test_bf16_rounding_fix_narrows_fp32_to_bf16_as_torch_does_to_nearest_even():
     """fp32 → bf16 in a kernel (an explicit ``.to`` and a store into a bf16 tensor): bit for bit torch's
     ``.to(torch.bfloat16)`` (round to nearest, ties to even) with the fix, NaN where torch's is NaN; without
-    it the interpreter truncates (it still needs the fix); ``rtz`` keeps truncating with it."""
+    it the interpreter truncates (it still needs the fix); an explicit ``rtz`` stays Triton's own."""
     import numpy as np
     import triton
     import triton.language as tl
@@ -450,3 +450,38 @@ def test_fp8_rounding_fix_narrows_to_the_nearest_fp8_value_ties_to_even(fp8):
     expected = _nearest_even_fp8(x, dtype)
     assert torch.equal(y.double().isnan(), expected.isnan())
     assert torch.equal(y.double()[~expected.isnan()], expected[~expected.isnan()])
+
+
+@interpreted
+def test_interpreter_fixes_compose_each_narrowing_and_widening_as_alone():
+    """All fixes at once (their install order): every bf16 code narrowed to each fp8 format is what
+    fp8_rounding_fix alone gives (the conversion tables are built from it), every fp8 byte widened to fp32 what
+    fp8_specials_fix alone gives (NaN included), and fp32 → bf16 what bf16_rounding_fix alone gives."""
+    import numpy as np
+    import triton.language as tl
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    from pytest_mla.kernels.interpreter import bf16_rounding_fix, fp8_rounding_fix, fp8_specials_fix, interpreter_fixes
+
+    bf16_codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    bytes_ = np.arange(256, dtype=np.uint32).astype(np.uint8)
+    fp32 = np.random.default_rng(19).standard_normal(4096).astype(np.float32)
+    formats = (tl.float8e4nv, tl.float8e5, tl.float8e4b8, tl.float8e5b16)
+
+    def conversions():
+        return ([interpreter._convert_float(bf16_codes, tl.bfloat16, f, ir.ROUNDING_MODE.RTNE) for f in formats]
+                + [interpreter._convert_float(bytes_, f, tl.float32, None) for f in formats]
+                + [interpreter._convert_float(fp32, tl.float32, tl.bfloat16, None)])
+
+    with fp8_rounding_fix():
+        alone = conversions()[:4]
+    with fp8_specials_fix():
+        alone += conversions()[4:8]
+    with bf16_rounding_fix():
+        alone += conversions()[8:]
+    with interpreter_fixes() as active:
+        together = conversions()
+    assert "fast_small_float_conversions" in active
+    for one, all_ in zip(alone, together):
+        assert one.dtype == all_.dtype and np.array_equal(np.asarray(one), np.asarray(all_))
