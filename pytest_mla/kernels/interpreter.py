@@ -131,6 +131,13 @@ def _scoped(name: str, install: Callable[[], Callable[[], None]]) -> Callable[..
     return fix
 
 
+def _bf16_bits_to_fp32(bits: Any) -> Any:
+    """fp32 values of bf16 bit patterns (uint16): bf16 is an fp32's top half, so the widening is exact."""
+    import numpy as np
+
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
 def _install_bf16_dot() -> Callable[[], None]:
     import numpy as np
     import triton.language as tl
@@ -150,11 +157,7 @@ def _install_bf16_dot() -> Callable[[], None]:
 
     create_dot.__wrapped__ = original  # type: ignore[attr-defined]
     InterpreterBuilder.create_dot = create_dot
-
-    def undo() -> None:
-        InterpreterBuilder.create_dot = original
-
-    return undo
+    return lambda: setattr(InterpreterBuilder, "create_dot", original)
 
 
 def _install_no_overflow_sanitizer() -> Callable[[], None]:
@@ -254,11 +257,7 @@ def _install_no_device_call_repatch() -> Callable[[], None]:
         return scope
 
     interpreter._patch_lang = patch_lang
-
-    def undo() -> None:
-        interpreter._patch_lang = original
-
-    return undo
+    return lambda: setattr(interpreter, "_patch_lang", original)
 
 
 def _install_fast_bf16_widening() -> Callable[[], None]:
@@ -270,16 +269,11 @@ def _install_fast_bf16_widening() -> Callable[[], None]:
 
     def convert_float(input: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
         if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
-            bits = np.frombuffer(input.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
-            return bits.reshape(input.shape)  # uint32 bits, as Triton's returns them (callers view as float32)
+            return _bf16_bits_to_fp32(input).view(np.uint32)  # uint32 bits, as Triton's (callers view as float32)
         return original(input, input_dtype, output_dtype, rounding_mode)
 
     interpreter._convert_float = convert_float
-
-    def undo() -> None:
-        interpreter._convert_float = original
-
-    return undo
+    return lambda: setattr(interpreter, "_convert_float", original)
 
 
 def _install_bf16_rounding() -> Callable[[], None]:
@@ -295,11 +289,7 @@ def _install_bf16_rounding() -> Callable[[], None]:
         return original(input, input_dtype, output_dtype, rounding_mode)
 
     interpreter._convert_float = convert_float
-
-    def undo() -> None:
-        interpreter._convert_float = original
-
-    return undo
+    return lambda: setattr(interpreter, "_convert_float", original)
 
 
 def _fp32_bits_to_bf16_rtne(bits: Any) -> Any:
@@ -314,9 +304,9 @@ def _fp32_bits_to_bf16_rtne(bits: Any) -> Any:
     return rounded
 
 
-#: fp8 formats by Triton name: torch's dtype and the largest finite magnitude.
-_FP8_NARROWING = {"fp8e4nv": ("float8_e4m3fn", 448.0), "fp8e5": ("float8_e5m2", 57344.0),
-                  "fp8e4b8": ("float8_e4m3fnuz", 240.0), "fp8e5b16": ("float8_e5m2fnuz", 57344.0)}
+#: fp8 formats by Triton name: torch's dtype.
+_FP8_TORCH = {"fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2", "fp8e4b8": "float8_e4m3fnuz",
+              "fp8e5b16": "float8_e5m2fnuz"}
 
 
 def _install_fp8_rounding() -> Callable[[], None]:
@@ -329,17 +319,17 @@ def _install_fp8_rounding() -> Callable[[], None]:
     original = interpreter._convert_float
 
     def convert_float(input: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
-        target = _FP8_NARROWING.get(getattr(output_dtype, "name", ""))
+        target = _FP8_TORCH.get(getattr(output_dtype, "name", ""))
         if target is None or rounding_mode != ir.ROUNDING_MODE.RTNE or \
                 input_dtype not in (tl.float32, tl.bfloat16, tl.float16):
             return original(input, input_dtype, output_dtype, rounding_mode)
-        data = np.asarray(input)
-        if input_dtype == tl.bfloat16:  # held as its bits: widened exactly
-            values = (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        if input_dtype == tl.bfloat16:  # held as its bits
+            values = _bf16_bits_to_fp32(input)
         else:
-            values = data.astype(np.float32)
-        rounded = torch.from_numpy(values).to(getattr(torch, target[0])).view(torch.uint8).numpy()
-        in_range = (np.abs(values) <= np.float32(target[1])) | np.isnan(values)  # NaN: the format's NaN
+            values = np.asarray(input).astype(np.float32)
+        fp8 = getattr(torch, target)
+        rounded = torch.from_numpy(values).to(fp8).view(torch.uint8).numpy()
+        in_range = (np.abs(values) <= np.float32(torch.finfo(fp8).max)) | np.isnan(values)  # NaN: the format's NaN
         if in_range.all():
             return rounded
         out = np.asarray(original(input, input_dtype, output_dtype, rounding_mode)).copy()
@@ -347,11 +337,7 @@ def _install_fp8_rounding() -> Callable[[], None]:
         return out
 
     interpreter._convert_float = convert_float
-
-    def undo() -> None:
-        interpreter._convert_float = original
-
-    return undo
+    return lambda: setattr(interpreter, "_convert_float", original)
 
 
 def _install_fast_small_float_conversions() -> Callable[[], None]:
@@ -379,11 +365,7 @@ def _install_fast_small_float_conversions() -> Callable[[], None]:
         return original(input, input_dtype, output_dtype, rounding_mode)
 
     interpreter._convert_float = convert_float
-
-    def undo() -> None:
-        interpreter._convert_float = original
-
-    return undo
+    return lambda: setattr(interpreter, "_convert_float", original)
 
 
 def _install_fast_np_dtype() -> Callable[[], None]:
@@ -400,15 +382,11 @@ def _install_fast_np_dtype() -> Callable[[], None]:
         except KeyError:
             found = known[scalar] = original(scalar)
             return found
-        except TypeError:  # not hashable: Triton's own answer
+        except TypeError:  # a pointer type (it defines __eq__, not __hash__): Triton's own answer
             return original(tt_dtype)
 
     interpreter._get_np_dtype = get_np_dtype
-
-    def undo() -> None:
-        interpreter._get_np_dtype = original
-
-    return undo
+    return lambda: setattr(interpreter, "_get_np_dtype", original)
 
 
 #: The fp8 formats' special values, by the bytes that hold them: (NaN test, inf test or None).
@@ -447,11 +425,7 @@ def _install_fp8_specials() -> Callable[[], None]:
         return out
 
     interpreter._convert_float = convert_float
-
-    def undo() -> None:
-        interpreter._convert_float = original
-
-    return undo
+    return lambda: setattr(interpreter, "_convert_float", original)
 
 
 bf16_dot_fix = _scoped("bf16_dot_fix", _install_bf16_dot)

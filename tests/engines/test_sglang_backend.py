@@ -369,8 +369,9 @@ def test_min_seqlen_override_keeps_requests_non_empty():
 
 # ---- other platforms: the check runs in the child process of the cell's platform -----------------
 
-PLATFORM_RELEASES = [pytest.param(".venv-sglang", id="sglang-0.5.23"),
-                     pytest.param(".venv-sglang-0.5.22", id="sglang-0.5.22")]
+#: Each release's venv and its committed report.
+RELEASE_REPORTS = {".venv-sglang": "sglang-0.5.23", ".venv-sglang-0.5.22": "sglang-0.5.22"}
+PLATFORM_RELEASES = [pytest.param(venv, id=report) for venv, report in RELEASE_REPORTS.items()]
 
 
 @pytest.mark.parametrize("venv", PLATFORM_RELEASES)
@@ -417,8 +418,7 @@ def test_rocm_fp8_cells_use_the_archs_own_fp8_type_and_a_loader_that_forgets_fnu
     release's committed report, which CI holds to a fresh run); a KV-scale loader that forgets the doubling
     (kv_cache.py's is_fp8_fnuz answering False) fails gfx942 (live)."""
     rows = drive(venv, "kv-scale-not-doubled-on-fnuz:v3-decode-fp8-gfx942")
-    release = "sglang-0.5.23" if venv == ".venv-sglang" else venv.removeprefix(".venv-")
-    _, cells = committed_slice(release, "--mla-select=model=deepseek-v3", "--mla-select=backend=triton",
+    _, cells = committed_slice(RELEASE_REPORTS[venv], "--mla-select=model=deepseek-v3", "--mla-select=backend=triton",
                                "--mla-select=dcp=1", "--mla-select=spec=none", "--mla-select=kv_dtype=fp8_e4m3",
                                "--mla-select=arch=gfx942,gfx950")
     gfx942, gfx950 = (cells[f"deepseek-v3/triton/dcp1/none/{arch}/kv-fp8_e4m3"]["kernel"] for arch in ("gfx942", "gfx950"))

@@ -409,8 +409,7 @@ def test_fp8_rounding_fix_narrows_to_the_nearest_fp8_value_ties_to_even(fp8):
     values = torch.cat([torch.randn(3000, generator=g) * largest / 8, torch.randn(1000, generator=g) * 1e-3,
                         finite, midpoints, torch.tensor([largest, -largest, 0.0, -0.0, float("nan")])])
     values = values[(values.abs() <= largest) | values.isnan()]
-    tt = getattr(tl, {"fp8e4nv": "float8e4nv", "fp8e5": "float8e5", "fp8e4b8": "float8e4b8",
-                      "fp8e5b16": "float8e5b16"}[fp8])
+    tt = next(t for t in (tl.float8e4nv, tl.float8e5, tl.float8e4b8, tl.float8e5b16) if t.name == fp8)
     want = _nearest_even_fp8(values, dtype)
 
     def narrowed(source):
