@@ -615,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the reproducer in each of these environments (a virtual environment folder or a "
                         "Python executable; 'auto': every .venv-ENGINE and .venv-ENGINE-VERSION folder here) and "
                         "put the releases where it reproduces into the report")
-    x.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+    x.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
                    help="per run of --engines (default 600)")
     x.set_defaults(func=cmd_repro)
 
@@ -630,6 +630,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engine version rules gated on engine_version are checked against (default: any)")
     e.set_defaults(func=cmd_explain)
     return p
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse names the option when this refuses)."""
+    from .core.deadline import MAX_TIMEOUT
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= MAX_TIMEOUT:  # NaN, inf, 0 and the negatives fail this too
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds up to {MAX_TIMEOUT:.0f}, "
+                                         f"got {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import pytest
 
 from .collect import RECORD_ATTR
 from .core.cells import Cell, CellIdError, nodeid_name
-from .core.errors import MatrixError
+from .core.errors import STEP_FAILURES, MatrixError, describe_failure
 from .core.host import probe_host
 from .core.plain import json_safe
 from .core.records import CellRecord, crash_record
@@ -545,8 +545,8 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
         return {}
     try:
         data = engine.metadata()
-    except Exception as exc:
-        return {"error": f"metadata() raised {type(exc).__name__}: {exc}"}
+    except STEP_FAILURES as exc:
+        return {"error": f"metadata() raised {describe_failure(exc)}"}
     plain = json_safe(data)
     return plain if isinstance(plain, dict) else {"value": plain}
 

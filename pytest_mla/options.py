@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from .core.cells import ARCH_HINT, AXES, INT_AXES, is_arch
+from .core.deadline import MAX_TIMEOUT
 from .core.kernelspec import DCP_MODES
 from .core.text import describe_char, first_invisible, invisible
 
@@ -123,35 +124,62 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 def _opt(config: pytest.Config, name: str, ini: str | None = None) -> Any:
+    return _sourced(config, name, ini)[0]
+
+
+def _sourced(config: pytest.Config, name: str, ini: str | None = None) -> tuple[Any, str]:
+    """(value, where it came from): the option, else its ini twin (named ``mla_x (ini)`` in errors)."""
     value = config.getoption(name)
     if value is None and ini is not None:
-        value = config.getini(ini)
-    return value
+        return config.getini(ini), f"{ini} (ini)"
+    return value, name
+
+
+def _given(text: str | None, option: str, expected: str) -> str | None:
+    """An option's text, None when it was not given; an empty value (``--opt=``, most often an unset
+    CI variable) is an error, never a silent default."""
+    if text is None:
+        return None
+    if not str(text).strip():
+        raise pytest.UsageError(f"{option}: empty value (an unset variable?): expected {expected}")
+    return text
 
 
 def read_settings(config: pytest.Config) -> Settings:
     values = config.getoption(MATRIX_OPTION) or []
-    report_dir = _opt(config, "--mla-report-dir", "mla_report_dir")
-    timeout = config.getoption("--mla-dcp-timeout")
+    timeout = _given(config.getoption("--mla-dcp-timeout"), "--mla-dcp-timeout", "seconds such as 120")
     return Settings(
         matrix_paths=tuple(p.strip() for text in values for p in text.split(",") if p.strip()),
         swallowed=swallowed_words(config.invocation_params.args),
         select=parse_select(config.getoption("--mla-select")),
-        report_dir=None if report_dir in ("", "none") else report_dir,
-        formats=parse_formats(_opt(config, "--mla-report-format", "mla_report_format")),
-        kernel=parse_choice(_opt(config, "--mla-kernel", "mla_kernel"), KERNEL_MODES, "--mla-kernel"),
-        dcp_mode=parse_choice(_opt(config, "--mla-dcp-mode", "mla_dcp_mode"), DCP_MODES, "--mla-dcp-mode"),
-        seed=parse_seed(config.getoption("--mla-seed")),
-        shard=parse_shard(config.getoption("--mla-shard")),
-        arch=parse_arch(_opt(config, "--mla-arch", "mla_arch")),
-        baseline=config.getoption("--mla-baseline"),
+        report_dir=parse_report_dir(*_sourced(config, "--mla-report-dir", "mla_report_dir")),
+        formats=parse_formats(*_sourced(config, "--mla-report-format", "mla_report_format")),
+        kernel=parse_choice(*_sourced(config, "--mla-kernel", "mla_kernel"), choices=KERNEL_MODES),
+        dcp_mode=parse_choice(*_sourced(config, "--mla-dcp-mode", "mla_dcp_mode"), choices=DCP_MODES),
+        seed=parse_seed(_given(config.getoption("--mla-seed"), "--mla-seed", "a non-negative integer")),
+        shard=parse_shard(_given(config.getoption("--mla-shard"), "--mla-shard", "I/N such as 2/3")),
+        arch=parse_arch(*_sourced(config, "--mla-arch", "mla_arch")),
+        baseline=_given(config.getoption("--mla-baseline"), "--mla-baseline", "an earlier result file OLD.json"),
         assume_versions=tuple(parse_assume_version(v) for v in config.getoption("--mla-assume-version")),
         strict_coverage=bool(_opt(config, "--mla-strict-coverage", "mla_strict_coverage")),
-        dcp_timeout=parse_timeout(timeout, "--mla-dcp-timeout") if timeout else 120.0,
-        report_name=parse_report_name(_opt(config, "--mla-report-name", "mla_report_name")),
-        cell_timeout=parse_cell_timeout(_opt(config, "--mla-cell-timeout", "mla_cell_timeout")),
-        max_cells=parse_max_cells(_opt(config, "--mla-max-cells", "mla_max_cells")),
+        dcp_timeout=parse_timeout(timeout, "--mla-dcp-timeout") if timeout is not None else 120.0,
+        report_name=parse_report_name(*_sourced(config, "--mla-report-name", "mla_report_name")),
+        cell_timeout=parse_cell_timeout(*_sourced(config, "--mla-cell-timeout", "mla_cell_timeout")),
+        max_cells=parse_max_cells(*_sourced(config, "--mla-max-cells", "mla_max_cells")),
     )
+
+
+def parse_report_dir(text: str, option: str = "--mla-report-dir") -> str | None:
+    """A folder, or None for ``none``. Empty is an error: an unset CI variable must not silently
+    turn the report off (a nightly would go green with no table)."""
+    if text.strip() == "none":
+        return None
+    _given(text, option, "a folder, or 'none' to write no report")
+    found = first_invisible(text)
+    if found is not None:
+        raise pytest.UsageError(f"{option}: {text!r} has an invisible character, {describe_char(found[1])}, "
+                                f"at character {found[0]}: a folder name must show what it is")
+    return text
 
 
 def swallowed_words(args: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -198,7 +226,7 @@ def parse_assume_version(text: str, option: str = "--mla-assume-version") -> tup
 
 
 def parse_shard(text: str | None, option: str = "--mla-shard") -> tuple[int, int] | None:
-    if not text:
+    if text is None:
         return None
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
     if not m or not (1 <= int(m.group(1)) <= int(m.group(2))):
@@ -206,7 +234,7 @@ def parse_shard(text: str | None, option: str = "--mla-shard") -> tuple[int, int
     return int(m.group(1)), int(m.group(2))
 
 
-def parse_choice(text: str, choices: tuple[str, ...], option: str) -> str:
+def parse_choice(text: str, option: str, *, choices: tuple[str, ...]) -> str:
     if text not in choices:
         raise pytest.UsageError(f"{option}: expected one of {', '.join(choices)}, got {text!r}")
     return text
@@ -219,7 +247,7 @@ def parse_arch(text: str, option: str = "--mla-arch") -> str:
 
 
 def parse_seed(text: str | None, option: str = "--mla-seed") -> int | None:
-    if text in (None, ""):
+    if text is None:
         return None
     try:
         seed = int(str(text))
@@ -232,6 +260,7 @@ def parse_seed(text: str | None, option: str = "--mla-seed") -> int | None:
 
 def parse_formats(text: str, option: str = "--mla-report-format") -> tuple[str, ...]:
     known = ("json", "md", "html")
+    _given(text, option, f"comma-separated formats ({', '.join(known)})")
     items = tuple(p.strip() for p in text.split(",") if p.strip())
     for item in items:
         if item not in known:
@@ -240,9 +269,6 @@ def parse_formats(text: str, option: str = "--mla-report-format") -> tuple[str, 
         items = ("json",) + items  # the JSON file is the primary artifact
     return items
 
-
-#: The longest timeout taken (a year): the timers behind them overflow long before ``inf``.
-MAX_TIMEOUT = 365 * 24 * 3600.0
 
 
 def parse_timeout(text: str, option: str) -> float:
@@ -285,6 +311,7 @@ def parse_report_name(text: str, option: str = "--mla-report-name") -> str:
     """A file-stem template with {matrix}, {engine} and {version} placeholders."""
     import string
 
+    _given(text, option, "a file name stem such as '{engine}-{version}'")
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
     except ValueError as exc:
@@ -294,7 +321,12 @@ def parse_report_name(text: str, option: str = "--mla-report-name") -> str:
             raise pytest.UsageError(
                 f"{option}: unknown placeholder {{{field}}} in {text!r} (known: {', '.join(REPORT_NAME_FIELDS)})"
             )
-    if not text.strip() or "/" in text or "\\" in text or text.strip(".") == "":
+    try:  # a format spec or conversion ({matrix:d}, {engine!x}) fails here, not after the first cell
+        sample = text.format(**{field: field for field in REPORT_NAME_FIELDS})
+    except (ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
+        raise pytest.UsageError(f"{option}: bad template {text!r}: {exc}") from None
+    if (not text.strip() or "/" in text or "\\" in text or text.strip(".") == ""
+            or not sample.strip() or "/" in sample or "\\" in sample or sample.strip(".") == ""):
         raise pytest.UsageError(f"{option}: expected a file name stem such as '{{engine}}-{{version}}', got {text!r}")
     found = first_invisible(text)
     if found is not None:

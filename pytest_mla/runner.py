@@ -23,15 +23,15 @@ import pytest
 
 from .core.cells import Cell, arch_number
 from .core.deadline import CellTimeout, Deadline
-from .core.errors import MatrixError, Problem
+from .core.errors import STEP_FAILURES, MatrixError, Problem, describe_failure
 from .core.host import kernel_dependencies_missing
 from .core.matrix import Matrix, load_matrix
 from .core.models import ModelConfig, ModelConfigError
-from .core.records import CellRecord, KernelResult, new_record, not_run
+from .core.records import CellRecord, KernelResult, new_record, not_run, stable_measures
 from .core.rules import Expectation
 from .core.verdicts import ACCEPTED, CRASHED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
 from .engines.protocol import AdapterError, Configured, Engine, KernelSpec, UnreachableError
-from .engines.registry import EngineNotFoundError, EngineUnavailableError, load_engine
+from .engines.registry import EngineNotFoundError, EngineUnavailableError, check_adapter, load_engine
 from .options import Settings
 from .report.results import write_json_atomic
 
@@ -112,7 +112,7 @@ class MatrixRun:
         name = matrix.engine_name
         if name not in self._engines:
             try:
-                made = self.config.hook.pytest_mla_make_engine(config=self.config, name=name)
+                made = self._hooked_engine(name)
                 if made is None:
                     extra: dict[str, Any] = {}
                     for result in self.config.hook.pytest_mla_engines(config=self.config):
@@ -122,11 +122,24 @@ class MatrixRun:
             except EngineUnavailableError as exc:
                 self._engines[name] = exc
             except EngineNotFoundError as exc:
-                raise MatrixError(matrix.path, [Problem("engine.name", str(exc) + self._path_hint(name))]) from None
+                hint = self._path_hint(name) if exc.module_missing else ""
+                raise MatrixError(matrix.path, [Problem("engine.name", str(exc) + hint)]) from None
         engine = self._engines[name]
         if isinstance(engine, Exception):
             return None, str(engine)
         return engine, None
+
+    def _hooked_engine(self, name: str) -> Engine | None:
+        """The engine a ``pytest_mla_make_engine`` hook makes (None: no hook makes one), held to the
+        protocol as a loaded adapter is."""
+        try:
+            made = self.config.hook.pytest_mla_make_engine(config=self.config, name=name)
+        except STEP_FAILURES as exc:
+            raise EngineNotFoundError(f"engine {name!r}: the pytest_mla_make_engine hook raised "
+                                      f"{describe_failure(exc)}") from None
+        if made is not None:
+            check_adapter(made, f"engine {name!r} (made by a pytest_mla_make_engine hook)")
+        return made
 
     def _path_hint(self, name: str) -> str:
         """Why a ``module:attr`` in the rootdir does not import: the ``pytest`` command (unlike
@@ -180,10 +193,13 @@ class MatrixRun:
         except AdapterError as exc:  # the adapter's own failure: never reported as the engine's refusal
             outcome = Outcome.from_exception(exc, crashed=True)
             record["traceback"] = portable_traceback(exc)
-        except engine.refusal_errors as exc:
+        except getattr(engine, "refusal_errors", ()) as exc:
             outcome = Outcome.from_exception(exc)
-        except Exception as exc:
+        except STEP_FAILURES as exc:  # SystemExit too: a crash of this cell, never the end of the run
             outcome = Outcome.from_exception(exc, crashed=True)
+            if isinstance(exc, SystemExit):
+                outcome = dataclasses.replace(outcome, message=f"{outcome.message} in {type(engine).__name__}"
+                                                               f".configure()")
             record["traceback"] = portable_traceback(exc)
         verdict, reason = judge(expect, outcome)
         record["outcome"] = outcome.as_dict()
@@ -235,12 +251,17 @@ class MatrixRun:
         result = None
         elsewhere = getattr(engine, "run_check", None)  # optional: the engine runs it where it configured
         if elsewhere is not None:
-            result = elsewhere(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
-                               timeout_s=self.settings.dcp_timeout)
+            try:
+                result = elsewhere(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
+                                   timeout_s=self.settings.dcp_timeout)
+            except STEP_FAILURES as exc:  # the adapter's own failure: never the kernel's numbers
+                return KernelResult(status=KERNEL_FAILED, where=where, crashed=True,
+                                    message=str(AdapterError("run_check", describe_failure(exc),
+                                                             engine=engine.name, version=engine.version)))
         if result is None:
             result = run_check(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
                                timeout_s=self.settings.dcp_timeout)
-        result = {**result, "kernel": spec.name, "reused": False}
+        result = stable_measures({**result, "kernel": spec.name, "reused": False})
         self._kernel_results[key] = result
         self._share_result(key, result)
         return result
@@ -288,10 +309,31 @@ class MatrixRun:
 def protocol_outcome(engine: Engine, configured: Any) -> Outcome | None:
     """The adapter error of a ``configure()`` that broke the protocol (None: it kept it)."""
     if isinstance(configured, Configured):
-        return None
-    message = (f"{type(engine).__name__}.configure() must return pytest_mla.engines.protocol.Configured "
-               f"(or raise the engine's refusal), got {type(configured).__name__}")
+        broken = configured_problem(configured)
+        if broken is None:
+            return None
+        message = f"{type(engine).__name__}.configure() returned a Configured whose {broken}"
+    else:
+        message = (f"{type(engine).__name__}.configure() must return pytest_mla.engines.protocol.Configured "
+                   f"(or raise the engine's refusal), got {type(configured).__name__}")
     return Outcome(CRASHED, "AdapterError", message)
+
+
+def configured_problem(configured: Configured) -> str | None:
+    """What breaks the protocol in an accepted configuration's fields (None: nothing)."""
+    from collections.abc import Mapping
+
+    backends = configured.backends
+    if not isinstance(backends, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in backends.items()):
+        return f"backends is not a mapping of role to backend name: {backends!r:.80}"
+    if configured.kernel is not None and not isinstance(configured.kernel, KernelSpec):
+        return f"kernel is not a KernelSpec or None: {type(configured.kernel).__name__}"
+    if configured.kernel_reason is not None and not isinstance(configured.kernel_reason, str):
+        return f"kernel_reason is not text or None: {type(configured.kernel_reason).__name__}"
+    if isinstance(configured.notes, (str, bytes)) or not all(isinstance(n, str) for n in configured.notes or ()):
+        return f"notes is not a sequence of text: {configured.notes!r:.80}"
+    return None
 
 
 def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout_s: float) -> KernelResult:
@@ -345,6 +387,9 @@ def check_known_archs(matrix: Matrix, engine: Engine, shown: str) -> None:
         known = tuple(str(a) for a in known_archs())
     except AdapterError:
         return
+    except STEP_FAILURES as exc:
+        raise MatrixError(shown, [Problem("engine.name", f"adapter step 'known_archs' failed on {engine.name} "
+                                                         f"{engine.version}: {describe_failure(exc)}")]) from None
     problems = []
     for arch in matrix.axes.get("arch", ()):
         if arch in known or (arch_number(arch) is not None and "smNN" in known):
@@ -365,8 +410,8 @@ def coverage_of(matrix: Matrix, engine: Engine) -> dict[str, Any] | None:
         return None
     try:
         backends = {str(k): bool(v) for k, v in dict(registered()).items()}
-    except Exception as exc:  # the listing is advisory: say why it is missing, never fail the cells for it
-        return {"error": f"registered_backends() failed: {type(exc).__name__}: {exc}"}
+    except STEP_FAILURES as exc:  # the listing is advisory: say why it is missing, never fail the cells for it
+        return {"error": f"registered_backends() failed: {describe_failure(exc)}"}
     listed = {part for value in matrix.axes.get("backend", ()) for part in str(value).split("+")}
     mla = sorted(name for name, capable in backends.items() if capable)
     return {"registered": sorted(backends), "mla_capable": mla,

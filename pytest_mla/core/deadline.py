@@ -84,5 +84,8 @@ class Deadline:
                 self._restore = None
 
 
+#: The longest timeout taken (a year): the timers behind them overflow long before ``inf``.
+MAX_TIMEOUT = 365 * 24 * 3600.0
+
 _HAS_ITIMER = hasattr(signal, "setitimer")
 _MAIN = threading.main_thread()

@@ -60,3 +60,18 @@ class UnreachableError(AdapterError):
     import and the engine code that made it. The checks the engine runs
     before that import have run (a refusal there is still the engine's).
     """
+
+
+#: What an adapter or engine may raise at any protocol step (import, construction, ``configure``,
+#: the optional methods) that ends that step and not the session: any error, and ``SystemExit`` (a
+#: library calling ``sys.exit()`` at import or in a step must not end the run green or unreported).
+#: A user's Ctrl-C, pytest's own outcomes and the cell deadline (``CellTimeout``) still go through.
+STEP_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """``Type: message`` on one line; ``SystemExit`` says it was ``sys.exit(code)``."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: sys.exit({exc.code!r}) was called"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -104,3 +104,35 @@ def construction_stop_note(phase: str, unit: str, step: str, where: str) -> str:
 def is_construction_stop(note: str) -> bool:
     """Whether ``note`` is a ``CONSTRUCTION_STOP`` note."""
     return _CONSTRUCTION_STOP.fullmatch(note) is not None
+
+
+#: Significant digits a kernel record keeps of each measured number. The comparison against the
+#: tolerance is made on the full values before this (its verdict is the record's ``ok``/``status``);
+#: what the file keeps is what a reader compares, and a float64 reference's last bits, which differ
+#: between CPUs (summation order, FMA), must not make two runs' files differ.
+MEASURE_DIGITS = 4
+#: Below this a measured number is float64 noise (a cos diff of 3.6e-15): stored as 0.
+MEASURE_FLOOR = 1e-12
+#: Parts of a kernel record that are inputs, not measurements: kept exactly (the softmax scale, the
+#: tolerances a reader holds the errors to).
+EXACT_KEYS = frozenset({"case", "tol", "tolerance", "seed", "kv_scale", "kv_scales", "profile", "margin"})
+
+
+def stable_measures(value: Any, key: str | None = None) -> Any:
+    """A kernel record with every measured float rounded to ``MEASURE_DIGITS`` significant digits
+    (those below ``MEASURE_FLOOR`` to 0), so that the same check gives the same file on any machine."""
+    if key in EXACT_KEYS:
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return value
+        if abs(value) < MEASURE_FLOOR:
+            return 0.0
+        return float(f"{value:.{MEASURE_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: stable_measures(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [stable_measures(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(stable_measures(v) for v in value)
+    return value

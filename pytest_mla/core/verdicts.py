@@ -35,7 +35,8 @@ class Outcome:
     def from_exception(cls, exc: BaseException, *, crashed: bool = False) -> "Outcome":
         mro = tuple(c.__name__ for c in type(exc).__mro__ if c not in (BaseException, object))
         qual = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__)
-        return cls(CRASHED if crashed else REJECTED, type(exc).__name__, str(exc), mro + qual)
+        message = f"sys.exit({exc.code!r}) was called" if isinstance(exc, SystemExit) else str(exc)
+        return cls(CRASHED if crashed else REJECTED, type(exc).__name__, message, mro + qual)
 
     def describe(self) -> str:
         if self.kind == ACCEPTED:

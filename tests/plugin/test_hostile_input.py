@@ -258,7 +258,7 @@ def test_diff_against_a_run_that_was_interrupted_fails_the_gate(liar):
                                  "(at most 31536000; 0 means no limit)"),
     (["--mla-cell-timeout=1e20"], "--mla-cell-timeout: expected seconds (0: no limit), got '1e20' *"),
     (["--mla-cell-timeout=-0.5"], "--mla-cell-timeout: expected seconds (0: no limit), got '-0.5'"),
-    (["-o", "mla_cell_timeout=nan"], "--mla-cell-timeout: expected seconds (0: no limit), got 'nan'"),
+    (["-o", "mla_cell_timeout=nan"], "mla_cell_timeout (ini): expected seconds (0: no limit), got 'nan'"),
     (["--mla-dcp-timeout=nan"], "--mla-dcp-timeout: expected a positive number of seconds up to 31536000, got 'nan'"),
     (["--mla-dcp-timeout=inf"], "--mla-dcp-timeout: expected a positive number of seconds up to 31536000, got 'inf'"),
     (["--mla-dcp-timeout=0"], "--mla-dcp-timeout: expected a positive number of seconds up to 31536000, got '0'"),
@@ -267,6 +267,27 @@ def test_diff_against_a_run_that_was_interrupted_fails_the_gate(liar):
     (["--mla-report-name=" + "x" * 300],
      "--mla-report-name: 300 bytes is too long for a file name stem (at most 150)*"),
     (["--mla-report-name=.."], "--mla-report-name: expected a file name stem such as '{engine}-{version}', got '..'"),
+    # a format spec or conversion that cannot format text: refused before the first cell, not after it
+    (["--mla-report-name={matrix:d}"],
+     "--mla-report-name: bad template '{matrix:d}': Unknown format code 'd' for object of type 'str'"),
+    (["--mla-report-name={engine!x}"], "--mla-report-name: bad template '{engine!x}': *"),
+    (["--mla-report-name={matrix:/>12}"],
+     "--mla-report-name: expected a file name stem such as '{engine}-{version}', got '{matrix:/>12}'"),
+    (["--mla-report-name={version:.0}"],
+     "--mla-report-name: expected a file name stem such as '{engine}-{version}', got '{version:.0}'"),
+    # an empty value (an unset CI variable) is an error, never a silent default: only 'none' turns reports off
+    (["--mla-report-dir="], "--mla-report-dir: empty value (an unset variable?): expected a folder, or 'none' "
+                            "to write no report"),
+    (["--mla-report-dir= "], "--mla-report-dir: empty value (an unset variable?): *"),
+    (["-o", "mla_report_dir="], "mla_report_dir (ini): empty value (an unset variable?): *"),
+    (["--mla-report-name="], "--mla-report-name: empty value (an unset variable?): *"),
+    (["--mla-report-format="], "--mla-report-format: empty value (an unset variable?): *"),
+    (["--mla-baseline="], "--mla-baseline: empty value (an unset variable?): expected an earlier result file *"),
+    (["--mla-seed="], "--mla-seed: empty value (an unset variable?): expected a non-negative integer"),
+    (["--mla-shard="], "--mla-shard: empty value (an unset variable?): expected I/N such as 2/3"),
+    (["--mla-dcp-timeout="], "--mla-dcp-timeout: empty value (an unset variable?): expected seconds such as 120"),
+    (["--mla-cell-timeout="], "--mla-cell-timeout: expected seconds (0: no limit), got ''"),
+    (["--mla-max-cells="], "--mla-max-cells: expected a positive number of cells, got ''"),
 ])
 def test_absurd_option_values_are_one_line_before_any_cell(liar, args, message):
     liar.makefile(".toml", m=matrix(["lenient"]))
@@ -274,6 +295,14 @@ def test_absurd_option_values_are_one_line_before_any_cell(liar, args, message):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: " + message])
     _no_traceback(result)
+
+
+def test_an_empty_report_dir_writes_nothing_and_none_still_means_no_report(liar):
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    assert liar.runpytest_subprocess("--mla-matrix=m.toml", "--mla-report-dir=").ret == pytest.ExitCode.USAGE_ERROR
+    assert not (liar.path / "reports").exists()
+    liar.runpytest("--mla-matrix=m.toml", "--mla-report-dir=none").assert_outcomes(passed=2)
+    assert not (liar.path / "reports").exists()
 
 
 def test_the_largest_cell_timeout_still_runs(liar):

@@ -325,6 +325,108 @@ def test_an_adapter_breaking_the_protocol_gets_one_paragraph(bad):
     assert "site-packages" not in out and "Traceback" not in out and len(out.splitlines()) < 40
 
 
+#: An adapter that keeps the protocol; each case below breaks one step of it.
+_GOOD_ADAPTER = """
+from pytest_mla.engines.protocol import Configured, KernelSpec
+
+
+class Eng:
+    name = "eng"
+    version = "1.0"
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        return Configured({"decode": cell.backend}, kernel_reason="no kernel in this test adapter")
+
+    def metadata(self):
+        return {}
+"""
+
+
+@pytest.mark.parametrize("source, message", [
+    ("raise RuntimeError('no GPU driver')",
+     "engine 'eng:Eng': importing module 'eng' raised RuntimeError: no GPU driver"),
+    ("import sys; sys.exit(0)", "engine 'eng:Eng': importing module 'eng' raised SystemExit: sys.exit(0) was called"),
+    ("import sys; sys.exit('bye')",
+     "engine 'eng:Eng': importing module 'eng' raised SystemExit: sys.exit('bye') was called"),
+    (_GOOD_ADAPTER + "    def __init__(self):\n        raise OSError('no cache folder')\n",
+     "engine 'eng:Eng' (eng:Eng): constructing the adapter raised OSError: no cache folder"),
+    (_GOOD_ADAPTER + "    def __init__(self):\n        raise SystemExit(1)\n",
+     "engine 'eng:Eng' (eng:Eng): constructing the adapter raised SystemExit: sys.exit(1) was called"),
+    (_GOOD_ADAPTER + "    refusal_errors = 'ValueError'\n",
+     "engine 'eng:Eng' (eng:Eng): 'refusal_errors' must be an exception class or a tuple of them, got 'ValueError'"),
+    (_GOOD_ADAPTER + "    version = None\n", "engine 'eng:Eng' (eng:Eng): 'version' must be non-empty text, got None"),
+    (_GOOD_ADAPTER + "    configure = 3\n", "engine 'eng:Eng' (eng:Eng): 'configure' must be callable, got int"),
+    (_GOOD_ADAPTER + "    @property\n    def name(self):\n        raise KeyError('name')\n",
+     "engine 'eng:Eng' (eng:Eng): reading its 'name' raised KeyError: 'name'"),
+    (_GOOD_ADAPTER + "    def known_archs(self):\n        raise RuntimeError('no platforms')\n",
+     "adapter step 'known_archs' failed on eng 1.0: RuntimeError: no platforms"),
+], ids=["import-raises", "import-exit-0", "import-exit-text", "constructor-raises", "constructor-exits",
+        "refusal-errors-text", "version-none", "configure-not-callable", "name-raises", "known-archs-raises"])
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_an_adapter_failing_at_load_is_one_line_and_a_failed_run(pytester, source, message, workers):
+    if workers:
+        pytest.importorskip("xdist")
+    pytester.makepyfile(eng=source)
+    pytester.makefile(".toml", m=matrix(["lenient"], engine="eng:Eng"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:cacheprovider", *workers)
+    assert result.ret not in (pytest.ExitCode.OK, pytest.ExitCode.INTERNAL_ERROR)
+    result.stdout.fnmatch_lines([f"m.toml: engine.name: {message}"])
+    out = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    assert "which the pytest command does not put on sys.path" not in out  # it imported: no path hint
+
+
+def test_a_make_engine_hook_that_raises_is_one_line(pytester):
+    pytester.makeconftest("def pytest_mla_make_engine(config, name):\n    raise SystemExit(4)\n")
+    pytester.makefile(".toml", m=matrix(["lenient"], engine="eng"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["m.toml: engine.name: engine 'eng': the pytest_mla_make_engine hook raised "
+                                 "SystemExit: sys.exit(4) was called"])
+    assert "Traceback" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("method, reason", [
+    ("    def configure(self, cell, model):\n        raise SystemExit(0)\n",
+     "engine crashed: SystemExit: sys.exit(0) was called in Eng.configure()"),
+    ("    def configure(self, cell, model):\n        return Configured('triton')\n",
+     "adapter error: Eng.configure() returned a Configured whose backends is not a mapping of role to backend "
+     "name: 'triton'"),
+    ("    def configure(self, cell, model):\n        return Configured({'decode': 'x'}, notes='forced')\n",
+     "adapter error: Eng.configure() returned a Configured whose notes is not a sequence of text: 'forced'"),
+], ids=["configure-exits", "backends-text", "notes-text"])
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_an_adapter_failing_in_a_cell_is_that_cells_error_and_the_run_fails(pytester, method, reason, workers):
+    if workers:
+        pytest.importorskip("xdist")
+    pytester.makepyfile(eng=_GOOD_ADAPTER + method)
+    pytester.makefile(".toml", m=matrix(["lenient"], engine="eng:Eng"))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:cacheprovider", *workers)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=2)
+    cells = read_report(pytester)["cells"]
+    assert [(c["verdict"], c["reason"]) for c in cells] == [("error", reason)] * 2
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out and len(out.splitlines()) < 80
+
+
+def test_an_adapter_run_check_that_raises_is_an_adapter_error_of_the_kernel(pytester):
+    pytester.makepyfile(eng=_GOOD_ADAPTER.replace(
+        'kernel_reason="no kernel in this test adapter"',
+        'kernel=KernelSpec("own", "eng:nothing", protocol="engine", level="backend", package="eng")') + """
+    def run_check(self, case, spec, *, where, dcp_mode, timeout_s):
+        raise SystemExit(9)
+""")
+    pytester.makefile(".toml", m=matrix(["lenient"], engine="eng:Eng", archs=("sm90",)))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    (cell,) = read_report(pytester)["cells"]
+    assert cell["verdict"] == "error"
+    assert cell["kernel"]["status"] == "failed" and cell["kernel"]["crashed"] is True
+    assert cell["reason"] == "adapter step 'run_check' failed on eng 1.0: SystemExit: sys.exit(9) was called"
+
+
 # -- 8. small things ----------------------------------------------------------------------------
 
 def test_the_report_names_the_adapter_not_its_import_string(pytester):

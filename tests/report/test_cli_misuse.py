@@ -158,3 +158,13 @@ def test_an_output_path_that_cannot_be_written_is_one_line_naming_what_is_in_the
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("pytest-mla: error: ")
     assert err.rstrip().endswith(f"cannot write: {blocked} is a file, not a folder")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e400", "ten"])
+def test_repro_refuses_a_timeout_that_is_not_a_positive_finite_number(result, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["repro", result, "deepseek-v3/triton/dcp1/none/sm90", "--engines", "auto", "--timeout", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("pytest-mla repro: error: argument --timeout: expected ")
+    assert repr(value) in err
