@@ -27,7 +27,7 @@ from .core.records import CellRecord, crash_record, kernel_of
 from .core.rules import Expectation
 from .core.text import visible
 from .core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, VERIFIED, XFAIL, XPASS
-from .options import MATRIX_OPTION, Settings
+from .options import MATRIX_OPTION, Settings, selected_axes, selection
 from .runner import run_key
 
 #: Attribute of the test report that carries the cell record (plain values) to the controller.
@@ -73,8 +73,10 @@ class MatrixFile(pytest.File):
         loaded = run.load(self.path)
         version = loaded.rules_version
         grouped = self.config.pluginmanager.hasplugin("xdist")
-        for cell in expand_cells(selected_axes(loaded.matrix.axes, run.settings)):
-            expect = loaded.matrix.expectation(cell, version)
+        cells = [(cell, loaded.matrix.expectation(cell, version))
+                 for cell in expand_cells(selected_axes(loaded.matrix.axes, run.settings))]
+        run.quick_sample(loaded, cells)  # a quick run's covering sample, from the cells just expanded
+        for cell, expect in cells:
             item = CellItem.from_parent(self, name=cell.name, cell=cell, expectation=expect)
             if grouped:
                 # With --dist loadgroup, cells that differ only by arch share a worker
@@ -226,26 +228,6 @@ def add_collection_args(config: pytest.Config, files: list[Path]) -> None:
     for f in files:
         if not any(f == g or g in f.parents for g in given):
             config.args.append(os.fspath(f))
-
-
-def selection(settings: Settings) -> list[tuple[str, tuple[Any, ...]]]:
-    """``--mla-select``'s ``(axis, values)`` pairs, and ``("arch", (ARCH,))`` for ``--mla-arch ARCH``."""
-    wanted = list(settings.select)
-    if settings.arch != "auto":
-        wanted.append(("arch", (settings.arch,)))
-    return wanted
-
-
-def selected_axes(axes: Mapping[str, Sequence[Any]], settings: Settings) -> dict[str, Sequence[Any]]:
-    """The matrix's axes cut to the values ``--mla-select`` and ``--mla-arch`` keep: their product is
-    the selected cells, in matrix order. Cells outside are never built (a slice of a 40,000-cell
-    matrix collects in a fraction of a second, not seconds in every xdist worker); ``select_items``
-    still applies the whole selection, axes the matrix lacks (a field's default) included."""
-    cut = dict(axes)
-    for axis, values in selection(settings):
-        if axis in cut:
-            cut[axis] = [v for v in cut[axis] if v in values]
-    return cut
 
 
 def select_items(items: Sequence[pytest.Item], settings: Settings) -> tuple[list[pytest.Item], list[pytest.Item]]:

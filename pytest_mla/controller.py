@@ -405,7 +405,8 @@ class ResultCollector:
         if file not in self.heads:
             settings = self.run.settings
             environment = {"versions": run_document.versions(), "seed": settings.seed,
-                           "dcp_mode": settings.dcp_mode}
+                           "dcp_mode": settings.dcp_mode, "tier": settings.tier,
+                           "sample": self.run.quick_sample(loaded) if loaded.engine is not None else None}
             self.heads[file] = run_document.run_head(loaded.matrix, engine=self.engine_info(loaded),
                                                      host=probe_host(), environment=environment,
                                                      cells_selected=self.selected.get(file))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import pytest
 
 from .core.cells import ARCH_HINT, AXES, INT_AXES, is_arch
 from .core.deadline import MAX_TIMEOUT
 from .core.kernelspec import DCP_MODES
+from .core.sample import TIERS
 from .core.text import describe_char, first_invisible, invisible
 
 KERNEL_MODES = ("auto", "off")
@@ -53,6 +54,7 @@ class Settings:
     strict_coverage: bool = False
     cell_timeout: float | None = DEFAULT_CELL_TIMEOUT  # None: unbounded
     max_cells: int = DEFAULT_MAX_CELLS
+    tier: str = "full"  # quick: numeric checks on a covering sample only (core/sample.py)
 
     def assumed_version(self, engine: str) -> str | None:
         """The version whose rules apply to ``engine``'s matrices instead of the installed one's."""
@@ -80,6 +82,11 @@ def add_options(parser: pytest.Parser) -> None:
                          "or one arch such as sm90 to run (and collect) only its cells.")
     group.addoption("--mla-kernel", default=None, choices=KERNEL_MODES,
                     help="'auto' (default): check the decode kernel of accepted cells; 'off': validation only.")
+    group.addoption("--mla-tier", default=None, choices=TIERS,
+                    help="'full' (default): every accepted cell's numeric check, as nightly runs make the "
+                         "committed reports; 'quick': validate every cell, check numbers on a covering sample "
+                         "(each backend x feature column x model family at least once), named in the report "
+                         "(ini: mla_tier).")
     group.addoption("--mla-dcp-mode", default=None, choices=DCP_MODES,
                     help="how DCP ranks run in kernel checks: 'in-process' (default) or 'distributed' "
                          "(one torch.distributed process per rank).")
@@ -116,6 +123,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("mla_report_name", default="{matrix}", help="default of --mla-report-name")
     parser.addini("mla_report_format", default="json,md,html", help="default of --mla-report-format")
     parser.addini("mla_kernel", default="auto", help="default of --mla-kernel")
+    parser.addini("mla_tier", default="full", help="default of --mla-tier")
     parser.addini("mla_dcp_mode", default="in-process", help="default of --mla-dcp-mode")
     parser.addini("mla_arch", default="auto", help="default of --mla-arch")
     parser.addini("mla_cell_timeout", default=str(DEFAULT_CELL_TIMEOUT), help="default of --mla-cell-timeout")
@@ -166,6 +174,7 @@ def read_settings(config: pytest.Config) -> Settings:
         report_name=parse_report_name(*_sourced(config, "--mla-report-name", "mla_report_name")),
         cell_timeout=parse_cell_timeout(*_sourced(config, "--mla-cell-timeout", "mla_cell_timeout")),
         max_cells=parse_max_cells(*_sourced(config, "--mla-max-cells", "mla_max_cells")),
+        tier=parse_choice(*_sourced(config, "--mla-tier", "mla_tier"), choices=TIERS),
     )
 
 
@@ -180,6 +189,26 @@ def parse_report_dir(text: str, option: str = "--mla-report-dir") -> str | None:
         raise pytest.UsageError(f"{option}: {text!r} has an invisible character, {describe_char(found[1])}, "
                                 f"at character {found[0]}: a folder name must show what it is")
     return text
+
+
+def selection(settings: Settings) -> list[tuple[str, tuple[Any, ...]]]:
+    """``--mla-select``'s ``(axis, values)`` pairs, and ``("arch", (ARCH,))`` for ``--mla-arch ARCH``."""
+    wanted = list(settings.select)
+    if settings.arch != "auto":
+        wanted.append(("arch", (settings.arch,)))
+    return wanted
+
+
+def selected_axes(axes: Mapping[str, Sequence[Any]], settings: Settings) -> dict[str, Sequence[Any]]:
+    """The matrix's axes cut to the values ``--mla-select`` and ``--mla-arch`` keep: their product is
+    the selected cells, in matrix order. Cells outside are never built (a slice of a 40,000-cell
+    matrix collects in a fraction of a second, not seconds in every xdist worker); ``select_items``
+    still applies the whole selection, axes the matrix lacks (a field's default) included."""
+    cut = dict(axes)
+    for axis, values in selection(settings):
+        if axis in cut:
+            cut[axis] = [v for v in cut[axis] if v in values]
+    return cut
 
 
 def swallowed_words(args: tuple[str, ...] | list[str]) -> tuple[str, ...]:

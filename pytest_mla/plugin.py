@@ -282,6 +282,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         else "compiled"
     missing = kernel_dependencies_missing() if run.settings.kernel != "off" else None
     kernels = f"unavailable: {missing}" if missing else run.settings.kernel
+    if not missing and run.settings.kernel != "off" and run.settings.tier == "quick":
+        kernels += " (quick tier: on a covering sample)"
     triton = "" if missing else f"triton {mode}; "
     lines = [f"mla: host {host['arch']}{gpu}; {triton}kernel checks {kernels}; dcp mode {run.settings.dcp_mode}"]
     for file in run.files:

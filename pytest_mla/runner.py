@@ -17,11 +17,11 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
-from .core.cells import Cell, arch_number
+from .core.cells import Cell, arch_number, expand_cells
 from .core.deadline import CellTimeout, Deadline
 from .core.errors import STEP_FAILURES, MatrixError, Problem, describe_failure
 from .core.host import kernel_dependencies_missing
@@ -29,14 +29,20 @@ from .core.matrix import Matrix, load_matrix
 from .core.models import ModelConfig, ModelConfigError
 from .core.records import CellRecord, KernelResult, new_record, not_run, stable_measures
 from .core.rules import Expectation
+from .core.sample import covering_sample
 from .core.verdicts import ACCEPTED, CRASHED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
 from .engines.protocol import AdapterError, Configured, Engine, KernelSpec, UnreachableError
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, check_adapter, load_engine
-from .options import Settings
+from .options import Settings, selected_axes
 from .report.results import write_json_atomic
 
 #: Key of ``workerinput`` naming the folder where workers share kernel results.
 KERNEL_CACHE_INPUT = "mla_kernel_cache"
+
+
+#: The kernel reason of an accepted cell a quick run validated only.
+QUICK_TIER_REASON = ("quick tier: validated only, outside the covering sample (its numeric check runs in the "
+                     "full tier, --mla-tier=full)")
 
 
 @dataclasses.dataclass
@@ -46,6 +52,8 @@ class LoadedMatrix:
     skip_reason: str | None  # every cell skips (the engine is not installed here)
     assumed_version: str | None = None  # --mla-assume-version for this engine
     coverage: dict[str, Any] | None = None  # see ``coverage_of``
+    #: ``--mla-tier=quick``: the ids of the cells whose numeric checks run (None: every cell's).
+    sample: frozenset[str] | None = None
 
     @property
     def rules_version(self) -> str | None:
@@ -129,6 +137,20 @@ class MatrixRun:
             return None, str(engine)
         return engine, None
 
+    def quick_sample(self, loaded: LoadedMatrix,
+                     cells: Sequence[tuple[Cell, Expectation]] | None = None) -> frozenset[str] | None:
+        """A quick run's covering sample of ``loaded``'s selected cells (``core/sample.py``), computed once
+        per process (None: a full run). ``cells``: the (cell, expectation) pairs, when already built."""
+        if self.settings.tier != "quick":
+            return None
+        if loaded.sample is None:
+            if cells is None:
+                version = loaded.rules_version
+                cells = [(cell, loaded.matrix.expectation(cell, version))
+                         for cell in expand_cells(selected_axes(loaded.matrix.axes, self.settings))]
+            loaded.sample = frozenset(covering_sample(cells, loaded.matrix.models))
+        return loaded.sample
+
     def _hooked_engine(self, name: str) -> Engine | None:
         """The engine a ``pytest_mla_make_engine`` hook makes (None: no hook makes one), held to the
         protocol as a loaded adapter is."""
@@ -208,20 +230,26 @@ class MatrixRun:
         if configured is not None:
             deadline.phase = "the kernel check"
             kernel = self.kernel_check(loaded.matrix, cell, model, configured, run=verdict == PASS,
-                                       engine=engine)
+                                       engine=engine, sampled=self._sampled(loaded, cell))
             record["kernel"] = kernel
             if kernel["status"] == KERNEL_FAILED:
                 verdict = ERROR if kernel.get("crashed") else FAIL
                 reason = kernel.get("message") or "kernel out of tolerance"
         record.update(verdict=verdict, reason=reason)
 
+    def _sampled(self, loaded: LoadedMatrix, cell: Cell) -> bool:
+        sample = self.quick_sample(loaded)
+        return sample is None or cell.id in sample
+
     # -- kernels -------------------------------------------------------------------------
     def kernel_check(self, matrix: Matrix, cell: Cell, model: ModelConfig, configured: Configured,
-                     *, run: bool, engine: Engine | None = None) -> KernelResult:
+                     *, run: bool, engine: Engine | None = None, sampled: bool = True) -> KernelResult:
         if not run:
             return not_run("the engine's answer did not match the expectation")
         if self.settings.kernel == "off":
             return not_run("kernel checks disabled (--mla-kernel=off)")
+        if not sampled:
+            return not_run(QUICK_TIER_REASON)
         missing = self.kernels_missing()
         if missing:  # no kernel of any kind can run here
             return not_run(missing)

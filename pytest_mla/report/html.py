@@ -42,7 +42,7 @@ from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .findings import Finding, repro_command
 from .markdown import FINDINGS_INTRO, VIEWS, render_command
-from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line
+from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line, tier_line
 from .symbols import PARTIAL, SYMBOLS
 
 
@@ -283,6 +283,9 @@ def _facts(model: ReportModel) -> list[tuple[str, str]]:
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)),
         ("kernel", f"dtype {run.get('kernel_dtype')}, seed {run.get('seed')}, dcp mode {run.get('dcp_mode')}"),
     ]
+    tier = tier_line(run)
+    if tier:
+        facts.append(("tier", tier))
     # Timestamps and the commit are in files of schema version 1 only (newer runs keep them in
     # the run-facts side file, so that a report changes only when an outcome does).
     when = (f"{run.get('started') or '?'} → {run.get('finished') or '?'}"

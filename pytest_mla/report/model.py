@@ -639,6 +639,20 @@ def _product(lists: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
     return out
 
 
+def tier_line(run: Mapping[str, Any]) -> str | None:
+    """What a quick run's report must say before anything else (None: a full run, or a file from before tiers).
+    A merged run names its inputs' tiers: a cell keeps the level of the input that checked it most."""
+    tier = run.get("tier")
+    if tier == "quick":
+        sample = (run.get("sample") or {}).get("cells") or []
+        return (f"quick tier: numeric checks on a covering sample of {len(sample)} cells (each backend in each "
+                "feature column of each model family at least once); the other accepted cells are validated "
+                "only, not a full report")
+    if tier == "mixed":
+        return "merged from quick- and full-tier runs: each cell shows the most telling check any input made"
+    return None
+
+
 def power_counts(records: Iterable[Mapping[str, Any]]) -> str:
     """How many verified checks would have caught each planted fault (``kernel.power``), and how many applied."""
     runs = [(r.get("kernel") or {}) for r in records if (r.get("kernel") or {}).get("status") == VERIFIED]

@@ -30,7 +30,7 @@ def run_head(matrix: Matrix, *, engine: Mapping[str, Any], host: Mapping[str, An
     """The run facts known before the first cell: what ran where, and the matrix.
 
     ``engine``: name, version, described_versions, metadata, unavailable;
-    ``environment``: versions, seed, dcp_mode. Nothing here changes between
+    ``environment``: versions, seed, dcp_mode, tier, sample (quick tier). Nothing here changes between
     two runs of the same inputs (timestamps, the commit and the command line
     are kept in the run-facts side file).
     """
@@ -44,6 +44,7 @@ def run_head(matrix: Matrix, *, engine: Mapping[str, Any], host: Mapping[str, An
         "seed": environment["seed"] if environment["seed"] is not None else matrix.seed,
         "kernel_dtype": matrix.kernel_dtype,
         "dcp_mode": environment["dcp_mode"],
+        "tier": environment.get("tier") or "full",
         "cells_total": matrix.size,
         "axes": {k: list(v) for k, v in matrix.axes.items()},
         "probes": {k: list(v) for k, v in matrix.probes.items()},
@@ -51,7 +52,15 @@ def run_head(matrix: Matrix, *, engine: Mapping[str, Any], host: Mapping[str, An
     }
     if cells_selected is not None:
         run["cells_selected"] = cells_selected
+    if environment.get("sample") is not None:  # the quick tier's covering sample, named cell by cell
+        run["sample"] = {"rule": SAMPLE_RULE, "cells": sorted(environment["sample"])}
     return run
+
+
+#: What a quick run's sample is, in the words a report shows.
+SAMPLE_RULE = ("numeric checks on a covering sample: every backend in every feature column (arch, spec kind, DCP, "
+               "DCP + spec, KV dtype, page size) of every model family (dense MLA, sparse MLA, GQA) at least once, "
+               "among the cells the matrix expects accepted; every cell validated")
 
 
 def run_end(matrix: Matrix, cells: list[CellRecord], *, interrupted: bool) -> dict[str, Any]:

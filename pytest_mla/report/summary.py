@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.records import CellRecord, kernel_of
 from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, VERIFIED
-from .model import kernel_counts_text, power_counts, reason_line, verdict_counts, verified_state
+from .model import kernel_counts_text, power_counts, reason_line, tier_line, verdict_counts, verified_state
 from .symbols import EMULATED
 
 __all__ = ["build_summary", "worst_kernel_errors"]
@@ -37,6 +37,8 @@ def build_summary(records: Sequence[CellRecord], documents: Iterable[Mapping[str
     kernels = Counter(verified_state(r) if kernel_of(r).get("status") == VERIFIED else kernel_of(r).get("status")
                       for r in records)
     lines.append((f"{len(records)} cells: " + ", ".join(verdict_counts(counts)), {}))
+    for tier in dict.fromkeys(filter(None, (tier_line(d.get("run") or {}) for d in documents))):
+        lines.append((tier, {"yellow": True}))
     if interrupted:
         total = sum(int((d.get("run") or {}).get("cells_total") or 0) for d in documents)
         of = f" of {total}" if total else ""

@@ -288,6 +288,7 @@ def test_diff_against_a_run_that_was_interrupted_fails_the_gate(liar):
     (["--mla-dcp-timeout="], "--mla-dcp-timeout: empty value (an unset variable?): expected seconds such as 120"),
     (["--mla-cell-timeout="], "--mla-cell-timeout: expected seconds (0: no limit), got ''"),
     (["--mla-max-cells="], "--mla-max-cells: expected a positive number of cells, got ''"),
+    (["-o", "mla_tier=fast"], "mla_tier (ini): expected one of full, quick, got 'fast'"),
 ])
 def test_absurd_option_values_are_one_line_before_any_cell(liar, args, message):
     liar.makefile(".toml", m=matrix(["lenient"]))

@@ -305,3 +305,50 @@ def test_a_result_file_does_not_change_with_the_last_bits_of_the_reference(pytes
     assert raw[0] != raw[1]  # the perturbation reaches the numbers a record measures
     stored = [_one_check_report(pytester, f"stored{p}", perturb=p) for p in (False, True)]
     assert stored[0] == stored[1]
+
+
+FLASHMLA_TOPK_RULE = """
+    [[rule]]
+    when = { backend = "flashmla", "spec.topk" = ">1" }
+    reject = { error = "ValueError", message = "Currently FlashMLA only supports topk=1 for speculative decoding" }
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_the_quick_tier_checks_numbers_on_a_named_covering_sample_and_says_so(pytester, workers):
+    if workers:
+        pytest.importorskip("xdist")
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90", "sm100"), rules=FLASHMLA_TOPK_RULE))
+    result = pytester.runpytest_subprocess("--mla-matrix=m.toml", "--mla-tier=quick", *workers)
+    result.assert_outcomes(passed=16)
+    result.stdout.fnmatch_lines(["quick tier: numeric checks on a covering sample of * cells *not a full report"])
+    doc = read_report(pytester)
+    assert doc["run"]["tier"] == "quick"
+    sample = doc["run"]["sample"]["cells"]
+    cells = {c["id"]: c for c in doc["cells"]}
+    triton = [i for i in sample if "/triton/" in i]
+    # triton's keys on the dense-MLA family: each arch, spec none and tree, DCP, DCP + spec
+    assert {i.split("/")[4] for i in triton} == {"sm90", "sm100"}
+    assert {i.split("/")[3] for i in triton} == {"none", "eagle-2x2"}
+    assert any(i.split("/")[2] == "dcp2" and i.split("/")[3] != "none" for i in triton)
+    assert 2 <= len(triton) <= 3
+    for cell_id, cell in cells.items():
+        kernel = cell.get("kernel") or {}
+        if cell_id in sample:
+            assert not str(kernel.get("reason", "")).startswith("quick tier")
+            if "/triton/" in cell_id:
+                assert kernel["status"] == "verified"
+        elif kernel:  # accepted, outside the sample: validated only, and says why
+            assert kernel["status"] == "not-run" and kernel["reason"].startswith("quick tier: validated only")
+    markdown = (pytester.path / "reports" / "m.md").read_text()
+    assert "- **quick tier: numeric checks on a covering sample of" in markdown
+
+
+def test_the_full_tier_is_the_default_and_names_no_sample(pytester):
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90",), rules=FLASHMLA_TOPK_RULE))
+    pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist").assert_outcomes(passed=8)
+    doc = read_report(pytester)
+    assert doc["run"]["tier"] == "full" and "sample" not in doc["run"]
+    triton = [c["kernel"] for c in doc["cells"] if "/triton/" in c["id"]]
+    assert len(triton) == 4 and all(k["status"] == "verified" for k in triton)
+    assert "quick tier" not in (pytester.path / "reports" / "m.md").read_text()
