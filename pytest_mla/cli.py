@@ -155,7 +155,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
         raise CliError(f"{repeated} is given twice: each result file merges once")
     docs = [_read(p) for p in args.results]
     try:
-        merged = merge_documents(docs, names=args.results, allow_conflicts=args.allow_conflicts)
+        merged = merge_documents(docs, names=args.results, allow_conflicts=args.allow_conflicts,
+                                 allow_mixed=args.allow_mixed)
     except MergeConflictError as exc:
         print(f"{PROG} merge: {exc}", file=sys.stderr)
         for c in exc.conflicts:
@@ -551,11 +552,17 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("merge", help="merge result files of one matrix from several hosts",
                        description="Union of the cells of several result files (one per GPU type). A cell with "
                                    "contradictory results on two hosts is a conflict: exit 1, nothing written, "
-                                   "unless --allow-conflicts.")
+                                   "unless --allow-conflicts. Files of different matrices never merge; runs of "
+                                   "different engines, kernel dtypes, seeds or tiers only with --allow-mixed "
+                                   "(exit 2 otherwise).")
     m.add_argument("results", nargs="+", metavar="RESULT.json")
     m.add_argument("-o", "--output", required=True, metavar="ALL.json")
     m.add_argument("--allow-conflicts", action="store_true",
                    help="write the merge anyway; conflicting cells become errors listed in run.conflicts")
+    m.add_argument("--allow-mixed", action="store_true",
+                   help="merge runs of different engines, kernel dtypes, seeds or tiers (refused by default, "
+                        "exit 2); the header joins the values (seed \"0 / 1\"), run.mixed_settings names them "
+                        "and run.merged_from records each input's")
     m.set_defaults(func=cmd_merge)
 
     d = sub.add_parser("diff", help="regressions, fixes, new and gone cells between two result files",

@@ -13,6 +13,7 @@ from pytest_mla.cli import main
 from pytest_mla.core.errors import MatrixError
 from pytest_mla.core.limits import MAX_INPUT_BYTES_ENV, MAX_NESTING, read_bounded
 from pytest_mla.core.matrix import load_matrix
+from pytest_mla.report.merge import SETTINGS
 from pytest_mla.report.results import ResultFileError, read_results, results_text
 
 from .helpers import make_document
@@ -212,3 +213,50 @@ def test_a_matrix_past_the_size_limit_is_one_line(tmp_path, monkeypatch):
         load_matrix(path)
     assert str(info.value) == (f"{path}: is 1.98 KiB past the 1 KiB input limit; not read "
                                f"(set {MAX_INPUT_BYTES_ENV} to read larger files)")
+
+
+# -- merge: what ran must agree ---------------------------------------------------------------
+MIXES = {
+    "engine": (lambda run: run["engine"].update(name="vllm"), "engine 'reference' vs 'vllm'", "reference / vllm"),
+    "kernel_dtype": (lambda run: run.update(kernel_dtype="fp32"), "kernel_dtype 'bf16' vs 'fp32'", "bf16 / fp32"),
+    "seed": (lambda run: run.update(seed=7), "seed 0 vs 7", "0 / 7"),
+    "tier": (lambda run: run.update(tier="nightly"), "tier (none) vs 'nightly'", "None / nightly"),
+}
+
+
+def test_every_setting_merge_compares_is_tested():
+    assert set(MIXES) == set(SETTINGS)
+
+
+@pytest.mark.parametrize("setting", MIXES)
+def test_merge_refuses_runs_of_different_settings_unless_told(tmp_path, capsys, setting):
+    change, said, joined = MIXES[setting]
+    a = make_document(host_arch="sm90", hostname="h100", only_arch="sm90")
+    b = make_document(host_arch="sm100", hostname="b200", only_arch="sm100")
+    change(b["run"])
+    pa, pb, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "all.json"
+    pa.write_text(v2_text(a), encoding="utf-8")
+    pb.write_text(v2_text(b), encoding="utf-8")
+    assert main(["merge", str(pa), str(pb), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"pytest-mla: error: {pa} and {pb} ran different settings ({said}): one merged header cannot "
+                   "describe both; --allow-mixed merges them, recording each input's\n")
+    assert not out.exists()
+    assert main(["merge", str(pa), str(pb), "-o", str(out), "--allow-mixed"]) == 0
+    run = read_results(out)["run"]
+    assert run["mixed_settings"] == [setting]
+    header = run["engine"]["name"] if setting == "engine" else run[setting]
+    assert header == joined.replace("None", "(none)")
+    inputs = [{k: m.get(k) for k in ("file", *SETTINGS)} for m in run["merged_from"]]
+    assert inputs == [{"file": str(p), "engine": d["run"]["engine"]["name"], "kernel_dtype": d["run"]["kernel_dtype"],
+                       "seed": d["run"]["seed"], "tier": d["run"].get("tier")} for p, d in ((pa, a), (pb, b))]
+
+
+def test_merge_of_runs_that_agree_records_their_settings_and_no_mix(tmp_path):
+    from pytest_mla.report.merge import merge_documents
+
+    a = make_document(host_arch="sm90", hostname="h100", only_arch="sm90")
+    b = make_document(host_arch="sm100", hostname="b200", only_arch="sm100")
+    merged = merge_documents([a, b], names=["a", "b"])
+    assert "mixed_settings" not in merged["run"] and merged["run"]["seed"] == 0
+    assert [m["seed"] for m in merged["run"]["merged_from"]] == [0, 0]
