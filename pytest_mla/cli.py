@@ -651,6 +651,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A terminal whose encoding is not UTF-8 (LANG=C, PYTHONIOENCODING=ascii) still gets every
+    # report: what it cannot show is written as a backslash escape, never an error.
+    restore = [(stream, stream.errors) for stream in (sys.stdout, sys.stderr) if _reconfigurable(stream)]
+    for stream, _ in restore:
+        stream.reconfigure(errors="backslashreplace")
+    try:
+        return _main(argv)
+    finally:
+        for stream, errors in restore:
+            try:
+                stream.reconfigure(errors=errors)
+            except (ValueError, OSError):  # closed meanwhile
+                pass
+
+
+def _reconfigurable(stream: Any) -> bool:
+    return hasattr(stream, "reconfigure") and isinstance(getattr(stream, "errors", None), str)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # One command over one document: it makes no garbage cycles worth a collection, and with a
@@ -662,6 +682,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except UnicodeEncodeError as exc:  # an output that cannot take a character: not the input's fault
+        hint = "" if exc.encoding.replace("-", "").lower() == "utf8" else " (set PYTHONIOENCODING=utf-8)"
+        print(f"{PROG}: error: cannot write {exc.object[exc.start:exc.end]!r} in {exc.encoding}{hint}",
+              file=sys.stderr)
+        return 2
+    except RecursionError:  # a value nested past Python's stack that no reader check caught
+        print(f"{PROG}: error: {_input_files(args)}: nested too deeply to process", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{PROG}: error: {_input_files(args)}: out of memory (set {MAX_INPUT_BYTES_ENV} lower to "
+              "refuse such inputs before reading them)", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -671,14 +703,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
         # A result file that passed the checks of read_results but has odd records.
-        files = [getattr(args, k) for k in ("result", "old", "new") if isinstance(getattr(args, k, None), str)]
-        files += list(getattr(args, "results", None) or [])
-        where = f" in {', '.join(files)}" if files else ""
-        print(f"{PROG}: error: malformed result data{where} ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(f"{PROG}: error: malformed result data in {_input_files(args)} ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
         return 2
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _input_files(args: argparse.Namespace) -> str:
+    """The result files a command read, for a message about them."""
+    files = [getattr(args, k) for k in ("result", "old", "new") if isinstance(getattr(args, k, None), str)]
+    files += list(getattr(args, "results", None) or [])
+    return ", ".join(files) or "the input"
 
 
 __all__ = ["main", "build_parser"]

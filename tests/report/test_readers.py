@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -260,3 +262,18 @@ def test_merge_of_runs_that_agree_records_their_settings_and_no_mix(tmp_path):
     merged = merge_documents([a, b], names=["a", "b"])
     assert "mixed_settings" not in merged["run"] and merged["run"]["seed"] == 0
     assert [m["seed"] for m in merged["run"]["merged_from"]] == [0, 0]
+
+
+# -- output on a terminal that is not UTF-8 --------------------------------------------------
+@pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"}, {"PYTHONIOENCODING": "latin-1"},
+                                 {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}],
+                         ids=["ascii", "latin-1", "LANG=C"])
+@pytest.mark.parametrize("fmt", ["md", "terminal"])
+def test_a_report_prints_on_a_terminal_that_is_not_utf8(tmp_path, env, fmt):
+    path = tmp_path / "r.json"
+    path.write_text(v2_text(), encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "pytest_mla.cli", "render", str(path), "-f", fmt],
+                            capture_output=True, env={**os.environ, **env}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b""
+    assert b"\\u2705" in result.stdout  # the symbol the terminal cannot show, escaped
