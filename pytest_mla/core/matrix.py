@@ -30,6 +30,7 @@ from packaging.version import InvalidVersion, Version
 
 from .cells import ARCH_HINT, AXES, INT_AXES, OPTIONAL_AXES, REQUIRED_AXES, Cell, expand_cells, expand_ids, is_arch
 from .errors import MatrixError, Problem
+from .limits import MAX_NESTING, InputLimitError, deep_offset, line_column, nesting_message, read_bounded, too_deep
 from .models import BUILTIN_MODELS, ModelConfig, ModelConfigError
 from .rules import (
     FIELD_VALUES, REASONS_PLACEHOLDER, Expectation, Predicate, Reason, Rule, RuleIndex, decide, field_kind, known_fields,
@@ -149,13 +150,21 @@ def load_matrix(path: str | os.PathLike[str], *, extra_models: Mapping[str, Mode
     path = Path(path)
     shown = display_path or os.fspath(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not TOML
+        text = read_bounded(path, shown).decode("utf-8-sig")  # an editor's byte-order mark is not TOML
     except OSError as exc:
         raise MatrixError(shown, [Problem("", f"cannot read matrix file: {exc.strerror or exc}")]) from None
     except UnicodeDecodeError as exc:
         raise MatrixError(shown, [Problem("", f"not UTF-8 text: {exc.reason} at byte {exc.start}")]) from None
+    except InputLimitError as exc:
+        raise MatrixError(shown, [Problem("", str(exc).removeprefix(f"{shown}: "))]) from None
     try:
         data = tomllib.loads(text)
+        deep = too_deep(data)
+    except RecursionError:  # tomllib recurses once per level of arrays and inline tables
+        at = deep_offset(text, toml=True)
+        line, col = line_column(text, at) if at is not None else (None, None)
+        where = f" (column {col})" if col else ""
+        raise MatrixError(shown, [Problem("", f"invalid TOML: {_nesting()}{where}", line)]) from None
     except tomllib.TOMLDecodeError as exc:
         # Python 3.11's TOMLDecodeError has the position only in its text.
         pos = re.search(r"\(at line (\d+), column (\d+)\)$", str(exc))
@@ -164,8 +173,16 @@ def load_matrix(path: str | os.PathLike[str], *, extra_models: Mapping[str, Mode
         msg = getattr(exc, "msg", None) or re.sub(r"\s*\(at line \d+, column \d+\)$", "", str(exc))
         where = f" (column {col})" if col else ""
         raise MatrixError(shown, [Problem("", f"invalid TOML: {msg}{where}", line)]) from None
-    builder = _Builder(shown, LineIndex(text), extra_models or {}, max_cells)
+    lines = LineIndex(text)
+    if deep is not None:  # dotted keys and [a.b.c] headers nest without brackets
+        raise MatrixError(shown, [Problem(_format_path(deep[:6]) + ("…" if len(deep) > 6 else ""),
+                                          _nesting(), lines.line(deep))])
+    builder = _Builder(shown, lines, extra_models or {}, max_cells)
     return builder.build(data, name=path.stem)
+
+
+def _nesting() -> str:
+    return nesting_message(MAX_NESTING).replace("objects", "tables")
 
 
 class _Builder:

@@ -45,6 +45,7 @@ import os
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.cells import format_part
+from ..core.limits import MAX_NESTING, nesting_message
 
 __all__ = ["Encoder", "Decoder", "CodecError", "DERIVED_KEYS", "FLAT_KEYS"]
 
@@ -253,21 +254,45 @@ class Decoder:
 
     def __init__(self) -> None:
         self.values: list[Any] = []
+        #: levels of arrays and objects in each value (0: a scalar): references nest values without
+        #: nesting the text, so the reader counts them here, one C-level pass per entry
+        self.depths: list[int] = []
         self._plans: dict[int, _Plan] = {}
         self._parts: dict[str, dict[Any, str]] = {}  # axis → value → its cell-id part
 
     def add_values(self, entries: Iterable[Any]) -> None:
-        values = self.values
+        values, depths, value = self.values, self.depths, self.value
         for entry in entries:
             kind = type(entry)
             if kind is dict:
-                values.append({k: self.value(s) for k, s in entry.items()})
+                values.append({k: value(s) for k, s in entry.items()})
+                slots = entry.values()
             elif kind is list:
-                values.append([self.value(s) for s in entry])
+                values.append([value(s) for s in entry])
+                slots = entry
             elif kind in _ENTRY_SCALARS:
                 values.append(entry)
+                depths.append(0)
+                continue
             else:
                 raise CodecError(f"values[{len(values)}]: not a JSON value: {entry!r}")
+            if _INT.issuperset(map(type, slots)):  # references only (checked by self.value): one C-level pass
+                depth = 1 + max(map(depths.__getitem__, slots), default=0)
+            elif _LITERALS.issuperset(map(type, slots)):  # no references (floats): one level
+                depth = 1
+            else:  # literals and references, or an inline container
+                depth = 1 + max(map(self._slot_depth, slots))
+            if depth > MAX_NESTING:
+                raise CodecError(f"values[{len(depths)}]: {nesting_message()}")
+            depths.append(depth)
+
+    def _slot_depth(self, slot: Any) -> int:
+        kind = type(slot)
+        if kind is int:
+            return self.depths[slot] if 0 <= slot < len(self.depths) else 0  # a bad one: said by self.value
+        if kind is list or kind is dict:
+            return 1 + max(map(self._slot_depth, slot.values() if kind is dict else slot), default=0)
+        return 0
 
     def value(self, slot: Any) -> Any:
         """The value a slot stands for."""
@@ -348,6 +373,8 @@ class Decoder:
             except IndexError:
                 pass  # a reference to a value not defined yet: said below
         # literals, inline containers (other writers), or a bad reference
+        if max(map(self._slot_depth, line[1:]), default=0) > MAX_NESTING - 1:  # the record is a level
+            raise CodecError(f"a cell {nesting_message()}")
         return plan.record([None] + [self.value(s) for s in line[1:]])
 
 
@@ -394,6 +421,8 @@ _INF = float("inf")
 _PLAIN = frozenset({str, int, type(None)})
 _STR = frozenset({str})
 _INT = frozenset({int})
+#: Slots that are themselves and no container (an int is a reference).
+_LITERALS = frozenset({str, float, bool, type(None)})
 #: Table entries that are themselves.
 _ENTRY_SCALARS = frozenset({str, int, float, bool, type(None)})
 

@@ -16,7 +16,11 @@ cells are the union of the inputs' cells:
   unless allowed; allowed conflicts are listed in ``run.conflicts`` and the
   cell becomes an ``error`` whose reason names the hosts.
 
-``run.merged_from`` lists each input's file, host, versions and counts.
+``run.merged_from`` lists each input's file, host, versions, settings and counts.
+Inputs that ran different ``SETTINGS`` (engine, kernel dtype, seed, tier)
+raise ``MergeMixedError`` unless allowed; an allowed mix joins the values in
+the header (``seed: "0 / 1"``, as versions are) and names the settings in
+``run.mixed_settings``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ from ..core.records import kernel_of
 from ..core.verdicts import ERROR, FAIL, KERNEL_FAILED, NOT_RUN, PASS, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS
 from .results import SCHEMA, SCHEMA_VERSION
 
+#: What ran, as a run records it: inputs that disagree on one of these do not merge unless
+#: ``allow_mixed`` (the header would claim one input's setting for all cells). Setting → its key
+#: path in ``run``; a run without the key has none (a setting none of the inputs has is left out).
+#: The engine's version is not here: runs of several versions merge, their versions joined.
+SETTINGS = {
+    "engine": ("engine", "name"),
+    "kernel_dtype": ("kernel_dtype",),
+    "seed": ("seed",),
+    "tier": ("tier",),
+}
 #: Worst first: the verdict a cell reported by several inputs keeps.
 VERDICT_ORDER = (ERROR, FAIL, XPASS, XFAIL, PASS, SKIP)
 #: Most telling first: the kernel result a merged cell shows.
@@ -37,6 +51,10 @@ KERNEL_ORDER = (KERNEL_FAILED, VERIFIED, NOT_RUN)
 
 class MergeError(ValueError):
     """Inputs that cannot be merged (different matrices); prints as one line."""
+
+
+class MergeMixedError(MergeError):
+    """Inputs that ran different settings (``SETTINGS``); prints as one line."""
 
 
 class MergeConflictError(MergeError):
@@ -74,15 +92,49 @@ def _describe(record: Mapping[str, Any]) -> str:
     return f"{record.get('verdict')} ({what})"
 
 
+def settings_of(run: Mapping[str, Any]) -> dict[str, Any]:
+    """``SETTINGS`` as ``run`` records them (None: the run does not say)."""
+    out = {}
+    for name, keys in SETTINGS.items():
+        value: Any = run
+        for key in keys:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        out[name] = value
+    return out
+
+
+def mixed_settings(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Setting → its distinct values (first-seen order), for the settings the runs disagree on."""
+    mixed = {}
+    for name in SETTINGS:
+        values: list[Any] = []
+        for run in runs:
+            value = settings_of(run)[name]
+            if value not in values:
+                values.append(value)
+        if len(values) > 1:
+            mixed[name] = values
+    return mixed
+
+
 def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[str] | None = None,
-                    allow_conflicts: bool = False) -> dict[str, Any]:
-    """One result document from several; raises ``MergeConflictError`` (holding the merge) on conflicts."""
+                    allow_conflicts: bool = False, allow_mixed: bool = False) -> dict[str, Any]:
+    """One result document from several; raises ``MergeConflictError`` (holding the merge) on conflicts,
+    ``MergeMixedError`` when the inputs ran different ``SETTINGS`` unless ``allow_mixed``."""
     if not documents:
         raise MergeError("nothing to merge")
     names = list(names) if names is not None else [f"input {i + 1}" for i in range(len(documents))]
     matrices = sorted({str(d["run"].get("matrix")) for d in documents})
     if len(matrices) > 1:
         raise MergeError(f"cannot merge results of different matrices: {', '.join(matrices)}")
+    mixed = mixed_settings([d["run"] for d in documents])
+    if mixed and not allow_mixed:
+        first = settings_of(documents[0]["run"])
+        other = next(i for i, d in enumerate(documents) if any(settings_of(d["run"])[k] != first[k] for k in mixed))
+        theirs = settings_of(documents[other]["run"])
+        differ = ", ".join(f"{k} {_shown(first[k])} vs {_shown(theirs[k])}" for k in mixed if first[k] != theirs[k])
+        raise MergeMixedError(f"{names[0]} and {names[other]} ran different settings ({differ}): one merged "
+                              "header cannot describe both; --allow-mixed merges them, recording each input's")
 
     # Axes: union, in first-seen order.
     axes: dict[str, list[Any]] = {}
@@ -150,6 +202,7 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
         "merged_from": [
             {"file": names[i], "host": r.get("host"), "versions": r.get("versions"),
              "engine_version": (r.get("engine") or {}).get("version"),
+             **{name: value for name, value in settings_of(r).items() if value is not None},
              # timestamps and commits: only inputs of schema version 1 hold them (see results.py)
              **{k: r[k] for k in ("git_commit", "started", "finished") if r.get(k) is not None},
              "cells_reported": len(documents[i]["cells"]), "counts": r.get("counts")}
@@ -164,10 +217,30 @@ def merge_documents(documents: Sequence[Mapping[str, Any]], *, names: Sequence[s
             run.pop(key, None)
     if conflicts:
         run["conflicts"] = conflicts
+    for name, values in mixed.items():  # allowed: the header names them all, as it does versions
+        _set_path(run, SETTINGS[name], " / ".join(_shown(v, quote=False) for v in values))
+    if mixed:
+        run["mixed_settings"] = list(mixed)
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run": run, "cells": merged_cells}
     if conflicts and not allow_conflicts:
         raise MergeConflictError(conflicts, doc)
     return doc
+
+
+def _set_path(run: dict[str, Any], keys: Sequence[str], value: Any) -> None:
+    """``run[k1][k2]... = value``, copying each object on the way (the inputs' values are shared)."""
+    table = run
+    for key in keys[:-1]:
+        inner = table.get(key)
+        table[key] = dict(inner) if isinstance(inner, Mapping) else {}
+        table = table[key]
+    table[keys[-1]] = value
+
+
+def _shown(value: Any, quote: bool = True) -> str:
+    if value is None:
+        return "(none)"
+    return repr(value) if quote and isinstance(value, str) else str(value)
 
 
 def _union_lists(tables: Any) -> dict[str, list[Any]]:
@@ -221,4 +294,5 @@ def _merge_cell(cell_id: str, entries: list[tuple[int, Mapping[str, Any]]], labe
     return merged, None
 
 
-__all__ = ["merge_documents", "MergeError", "MergeConflictError", "host_label"]
+__all__ = ["merge_documents", "MergeError", "MergeConflictError", "MergeMixedError", "host_label", "SETTINGS",
+           "settings_of"]

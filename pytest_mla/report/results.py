@@ -41,6 +41,9 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, Sequence
 
+from ..core.limits import (
+    MAX_NESTING, InputLimitError, deep_offset, format_key_path, line_column, nesting_message, read_bounded, too_deep,
+)
 from .codec import CodecError, Decoder, Encoder
 
 SCHEMA = "pytest-mla/result"
@@ -197,14 +200,23 @@ def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check a result file; raise ``ResultFileError`` with a one-line reason."""
     shown = os.fspath(path)
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark is not JSON
+        data = read_bounded(path, shown)  # at most the input limit: /dev/zero is one line, not all the memory
     except IsADirectoryError:
         raise ResultFileError(f"{shown}: is a directory, not a result file") from None
     except OSError as exc:
         raise ResultFileError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ResultFileError(f"{shown}: not a pytest-mla result file (not UTF-8 text)") from None
-    return parse_results(text, shown)
+    except InputLimitError as exc:
+        raise ResultFileError(str(exc)) from None
+    return parse_results(decode_text(data, shown), shown)
+
+
+def decode_text(data: bytes, shown: str) -> str:
+    """The text of a result file's bytes (a byte-order mark is not JSON); ``ResultFileError`` if not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(f"{shown}: not a pytest-mla result file (not UTF-8 text: "
+                              f"byte {exc.start})") from None
 
 
 def parse_results(text: str, shown: str = "<result>") -> dict[str, Any]:
@@ -215,9 +227,25 @@ def parse_results(text: str, shown: str = "<result>") -> dict[str, Any]:
     gc.disable()
     try:
         return _parse_results(text, shown)
+    except RecursionError:  # the JSON parser recurses once per level: nested past Python's stack
+        raise ResultFileError(_too_deep_text(text, shown)) from None
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _too_deep_text(text: str, shown: str) -> str:
+    at = deep_offset(text)
+    if at is None:
+        return f"{shown}: {nesting_message()}"
+    line, col = line_column(text, at)
+    return f"{shown}:{line}: {nesting_message()} (column {col})"
+
+
+def _check_nesting(value: Any, shown: str, where: str) -> None:
+    path = too_deep(value, MAX_NESTING - 2)  # the document and its "run" (or "cells") are two levels
+    if path is not None:
+        raise ResultFileError(f"{shown}: {format_key_path(path, where)}: {nesting_message()}")
 
 
 def _parse_results(text: str, shown: str) -> dict[str, Any]:
@@ -228,6 +256,8 @@ def _parse_results(text: str, shown: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # a whole document, then more: two files joined, or garbage appended
+            raise ResultFileError(_extra(text, exc.pos, shown)) from None
         head = _VERSION.match(text)
         if head and head.group(1) == SCHEMA:
             version = int(head.group(2))
@@ -242,6 +272,12 @@ def _parse_results(text: str, shown: str) -> dict[str, Any]:
     _check_version(doc.get("schema_version"), shown)
     if doc["schema_version"] >= 2:
         doc = _decode(doc, shown)
+    else:  # version 1: plain records, walked once
+        _check_nesting(doc.get("run"), shown, "run")
+        cells = doc.get("cells")
+        if type(cells) is list:
+            for i, cell in enumerate(cells):
+                _check_nesting(cell, shown, f"cells[{i}]")
     return check_document(doc, shown)
 
 
@@ -261,6 +297,8 @@ def _decode(doc: Mapping[str, Any], shown: str) -> dict[str, Any]:
     run, entries, end = doc.get("run"), doc.get("cells"), doc.get("end", {})
     if not isinstance(run, dict) or not isinstance(entries, list) or not isinstance(end, dict):
         raise ResultFileError(f"{shown}: malformed result file: needs a \"run\" object and a \"cells\" list")
+    _check_nesting(run, shown, "run")
+    _check_nesting(end, shown, "end")
     decoder = Decoder()
     cells = []
     add_values, cell = decoder.add_values, decoder.cell
@@ -274,6 +312,7 @@ def _decode(doc: Mapping[str, Any], shown: str) -> dict[str, Any]:
                     raise CodecError("\"values\" must be a list")
                 add_values(entry["values"])
             else:  # a plain record, as read_results returns it (a document dumped again with json.dumps)
+                _check_nesting(entry, shown, f"cells[{i}]")
                 cells.append(entry)
     except CodecError as exc:
         raise ResultFileError(f"{shown}: malformed cells[{i}]: {exc}") from None
@@ -310,7 +349,8 @@ def _recover(text: str, shown: str) -> dict[str, Any]:
             break
         try:
             entry, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as exc:
+            _cut_or_refuse(text, exc, shown, pos)  # an entry is one line: cut, it runs to the end
             break
         entries.append(entry)
     if isinstance(run, dict) and text[pos:pos + 1] == "]":  # whole cells, then broken after them
@@ -318,12 +358,18 @@ def _recover(text: str, shown: str) -> dict[str, Any]:
         m = re.match(r'\s*,\s*"end"\s*:\s*', tail)
         if m:
             try:
-                end, _ = decoder.raw_decode(tail, m.end())
+                end, at = decoder.raw_decode(text, pos + 1 + m.end())
+            except json.JSONDecodeError as exc:
+                _cut_or_refuse(text, exc, shown)
+            else:
+                rest = len(text) - len(text[at:].lstrip())
+                if rest < len(text):  # "end", then not the closing brace
+                    raise ResultFileError(_extra(text, rest, shown))
                 if isinstance(end, dict):  # only the closing brace is missing
                     return _decode({"schema_version": SCHEMA_VERSION, "run": run, "cells": entries,
                                     "end": end}, shown)
-            except json.JSONDecodeError:
-                pass
+        elif not ',"end":'.startswith(re.sub(r"\s", "", tail)):  # not cut inside ',"end":'
+            raise ResultFileError(_extra(text, len(text) - len(tail.lstrip()), shown))
     if not isinstance(run, dict):
         raise ResultFileError(f"{shown}: malformed result file: \"run\" must be an object")
     # Entries are whole up to the first that does not parse; a values line without its cell is harmless.
@@ -337,6 +383,23 @@ def _recover(text: str, shown: str) -> dict[str, Any]:
     doc["warnings"] = [f"{shown}: cut short (its writer stopped): read the {read} whole cell(s) before the cut; "
                        f"{lost}"]
     return doc
+
+
+def _cut_or_refuse(text: str, exc: json.JSONDecodeError, shown: str, start: int | None = None) -> None:
+    """A version-2 file that does not parse at ``exc.pos``: a writer killed there leaves its last
+    line unfinished, so an error on the last line (a value begun at ``start`` and on the last line)
+    is a cut (return); one before it is damage or data that does not belong (``ResultFileError``)."""
+    if "\n" in text[exc.pos if start is None else start:].rstrip():
+        where = f"{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
+        if start is not None and exc.lineno != line_column(text, start)[0]:
+            where = f"{line_column(text, start)[0]}: invalid JSON: an entry that does not end on its line " \
+                    f"({exc.msg} at line {exc.lineno})"
+        raise ResultFileError(f"{shown}:{where}; not a file cut short by its writer") from None
+
+
+def _extra(text: str, at: int, shown: str) -> str:
+    line, col = line_column(text, at)
+    return f"{shown}:{line}: data after the end of the result document (column {col}); one file holds one document"
 
 
 def _counts(cells: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -58,3 +58,19 @@ def test_unreadable_baseline_is_a_usage_error(liar):
     result = liar.runpytest("--mla-matrix=m.toml", "--mla-baseline=old.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--mla-baseline: old.json: schema version 99 is newer than this pytest-mla reads (versions 1 and 2)*"])
+
+
+HEAD = '{"schema": "pytest-mla/result", "schema_version": 1, "cells": [],\n"run": {"matrix": "m", "x": '
+
+
+@pytest.mark.parametrize("text, what", [
+    (HEAD + "1}}\n{}", "3: data after the end of the result document (column 1); one file holds one document"),
+    (HEAD + "[" * 100_000, "2: nested deeper than 100 levels of arrays and objects (column 127)"),
+], ids=["two documents", "nesting bomb"])
+def test_a_baseline_with_more_than_one_document_or_a_nesting_bomb_is_a_usage_error(liar, text, what):
+    liar.makefile(".toml", m=matrix(["lenient"]))
+    (liar.path / "old.json").write_text(text)
+    result = liar.runpytest("--mla-matrix=m.toml", "--mla-baseline=old.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --mla-baseline: old.json:{what}"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()

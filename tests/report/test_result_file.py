@@ -170,7 +170,7 @@ def test_cells_of_other_writers_read_the_same(tmp_path):
              '[1.5,null,{"x":[false]}],true,"m.toml::x"],\n'
              '{"values":[[{"derive":"id","join":"/","prefix":""},"verdict",["coords",["model","dcp"]],'
              '{"derive":"nodeid","join":"-","prefix":"m.toml::"}],"pass","k2",7]},\n'
-             '[2,3,4,5]\n],' + tail.split("],", 1)[1])
+             '[2,3,4,5]\n],' + tail.split("\n],", 1)[1])  # the cells, then this file's "end"
     path = tmp_path / "other.json"
     path.write_text(head + '"cells":[\n' + cells, encoding="utf-8")
     first, second = read_results(path)["cells"]
