@@ -83,6 +83,33 @@ def test_a_validation_only_run_matches_its_committed_report_whatever_its_kernel_
     assert ci_reports.outcome_differences(COMMITTED, fresh) == []
 
 
+QUICK_REASON = "quick tier: validated only, outside the covering sample (...)"
+
+
+def _quick(cells):
+    """A quick run of COMMITTED's matrix: triton/a in the sample (checked again), flashmla/a outside it."""
+    cells[1]["kernel"], cells[1]["verdict"] = {"status": "not-run", "reason": QUICK_REASON}, "pass"
+
+
+def test_a_quick_run_matches_its_committed_report_on_every_check_it_made_again(ci_reports):
+    fresh = copy.deepcopy(COMMITTED)
+    _quick(fresh["cells"])
+    assert ci_reports.outcome_differences(COMMITTED, fresh) == []
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda k: k.update(status="failed"), ["triton/a: kernel.status was 'verified', now 'failed'"]),
+    (lambda k: k.update(level="emulated"), ["triton/a: kernel.level was 'backend', now 'emulated'"]),
+    (lambda k: k.update(errors={"out": {"max_abs_err": 0.5}}), ["triton/a: kernel.errors was None, now"]),
+])
+def test_a_check_the_quick_run_made_again_must_give_the_committed_result(ci_reports, change, expected):
+    fresh = copy.deepcopy(COMMITTED)
+    _quick(fresh["cells"])
+    change(fresh["cells"][0]["kernel"])
+    lines = ci_reports.outcome_differences(COMMITTED, fresh)
+    assert [line[:len(e)] for line, e in zip(lines, expected)] == expected and len(lines) == len(expected), lines
+
+
 @pytest.mark.parametrize("change, expected", [
     (lambda cells: cells[2]["outcome"].update(message="fa3 needs SM90 or SM100"), "fa3/a: outcome was"),
     (lambda cells: cells[0]["outcome"].update(kind="rejected"), "triton/a: outcome was"),

@@ -7,9 +7,11 @@ A conformance run with kernel checks (``tools/conformance.sh``) writes ``reports
 beside the report: ``source-hash`` of the tree it ran from (pytest-mla, the matrices, the conformance
 script, its ini and lock files). While that file equals the hash of the tree under test, the committed
 kernel column is what this code computes on that pinned engine, and CI may run that release's matrix
-validation-only: ``outcomes`` then holds every cell's expectation, outcome and (for cells without a
-kernel check) verdict to the committed report, exit 1 naming the cells that differ. When the hash
-differs, CI recomputes the whole report as for any other release (``.ci/run``).
+in the quick tier (every cell validated, numeric checks on the covering sample) or validation-only:
+``outcomes`` then holds every cell's expectation and outcome to the committed report, and, for each
+cell whose check the fresh run made again (the quick tier's sample) or that has no check, its verdict,
+reason and kernel result; exit 1 naming the cells that differ. When the hash differs, CI recomputes the
+whole report as for any other release (``.ci/run``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pytest_mla", "matrix", "tools/conformance.sh", "tools/engine-pytest.ini", "tools/locks", "pyproject.toml")
 #: The fields of a cell that the engine's start-up and validation decide (the kernel check decides the rest).
 OUTCOME_FIELDS = ("coords", "expectation", "outcome")
+#: What a kernel check made again must give again (its numbers, rounded, included).
+KERNEL_FIELDS = ("status", "level", "where", "reason", "message", "errors", "finding", "raised")
+#: The reasons of a check the fresh run left out on purpose: only the committed report has its result.
+LEFT_OUT = ("quick tier:", "kernel checks disabled")
 SHOWN = 20
 
 
@@ -49,11 +55,19 @@ def outcome_differences(committed: dict, fresh: dict) -> list[str]:
     for cid in sorted(old.keys() & new.keys()):
         was, now = old[cid], new[cid]
         fields = list(OUTCOME_FIELDS)
-        if not was.get("kernel"):  # no kernel check: the verdict and its reason are validation's alone
+        kernel = now.get("kernel") or {}
+        again = bool(kernel) and not str(kernel.get("reason") or "").startswith(LEFT_OUT)
+        if not was.get("kernel") or again:  # validation's alone, or a check this run made again
             fields += ["verdict", "reason"]
         for field in fields:
             if was.get(field) != now.get(field):
                 lines.append(f"{cid}: {field} was {was.get(field)!r}, now {now.get(field)!r}")
+        if again:
+            committed_kernel = was.get("kernel") or {}
+            for field in KERNEL_FIELDS:
+                if committed_kernel.get(field) != kernel.get(field):
+                    lines.append(f"{cid}: kernel.{field} was {committed_kernel.get(field)!r:.120}, "
+                                 f"now {kernel.get(field)!r:.120}")
     return sorted(lines)
 
 

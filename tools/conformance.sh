@@ -24,6 +24,8 @@
 # Environment: MLA_CONFORMANCE_KERNEL=auto|off (default auto: run the engines' own kernels),
 # MLA_CONFORMANCE_JOBS (pytest -n, default 2), MLA_REPORT_DIR (default reports),
 # MLA_CONFORMANCE_VALIDATION_ONLY (reports, e.g. "sglang-0.5.22": those matrices run --mla-kernel=off),
+# MLA_CONFORMANCE_QUICK (reports: those matrices run --mla-tier=quick: every cell validated, numeric
+# checks on the covering sample; neither a quick nor a validation-only run writes NAME-VERSION.source),
 # MLA_STRICT_COVERAGE (default 1: every engine is held to --mla-strict-coverage, a registered
 # MLA-capable backend its matrix lacks fails the run; 0 or --no-strict-coverage: only listed; a comma
 # list of engines, e.g. vllm: only those held to it).
@@ -43,6 +45,7 @@ JOBS="${MLA_CONFORMANCE_JOBS:-2}"  # pytest -n: cells (and their kernel checks) 
 # here, every backend on a GPU); off: validation only.
 KERNEL="${MLA_CONFORMANCE_KERNEL:-auto}"
 VALIDATION_ONLY="${MLA_CONFORMANCE_VALIDATION_ONLY:-}"
+QUICK="${MLA_CONFORMANCE_QUICK:-}"
 # Import-time dependencies of the engines (shared/reference/*.md), pure Python or CPU wheels.
 SGLANG_DEPS="numpy orjson psutil pybase64 requests packaging pillow fastapi msgspec pyzmq tqdm \
 ipython aiohttp transformers dill sentencepiece loguru gguf openai partial_json_parser einops \
@@ -184,17 +187,19 @@ run_matrix() {
   [[ ",$strict_engines," == *",$engine,"* ]] && strict_here=(--mla-strict-coverage)
   local kernel="$KERNEL"
   [[ " ${VALIDATION_ONLY//,/ } " == *" $report "* ]] && kernel=off
+  local tier=full
+  [[ " ${QUICK//,/ } " == *" $report "* ]] && tier=quick
   # A report whose kernel column this run computed records the source it was computed from
   # (tools/ci_reports.py): CI may then trust that column while the source is unchanged.
   rm -f "$REPORT_DIR/$report.source"
   "$dir/bin/python" -m pytest -p no:cacheprovider -q --no-header -rN \
     --rootdir "$ROOT" -c "$ROOT/tools/engine-pytest.ini" \
-    --mla-matrix="$matrix" --mla-kernel="$kernel" -n "$JOBS" \
+    --mla-matrix="$matrix" --mla-kernel="$kernel" --mla-tier="$tier" -n "$JOBS" \
     --mla-report-dir="$REPORT_DIR" --mla-report-name='{engine}-{version}' "${strict_here[@]}" || rc=$?
-  if (( rc == 0 )) && [[ "$kernel" == auto ]]; then
+  if (( rc == 0 )) && [[ "$kernel" == auto && "$tier" == full ]]; then
     "$dir/bin/python" "$ROOT/tools/ci_reports.py" source-hash > "$REPORT_DIR/$report.source"
   fi
-  echo "conformance: $matrix with $dir (kernels: $kernel): exit $rc in $(elapsed "$t0")s"
+  echo "conformance: $matrix with $dir (kernels: $kernel, tier: $tier): exit $rc in $(elapsed "$t0")s"
   return $rc
 }
 

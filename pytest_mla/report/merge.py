@@ -92,6 +92,10 @@ def _describe(record: Mapping[str, Any]) -> str:
     return f"{record.get('verdict')} ({what})"
 
 
+#: What a run that does not record a setting ran: files from before tiers were full runs.
+SETTING_DEFAULTS = {"tier": "full"}
+
+
 def settings_of(run: Mapping[str, Any]) -> dict[str, Any]:
     """``SETTINGS`` as ``run`` records them (None: the run does not say)."""
     out = {}
@@ -99,7 +103,7 @@ def settings_of(run: Mapping[str, Any]) -> dict[str, Any]:
         value: Any = run
         for key in keys:
             value = value.get(key) if isinstance(value, Mapping) else None
-        out[name] = value
+        out[name] = SETTING_DEFAULTS.get(name) if value is None else value
     return out
 
 

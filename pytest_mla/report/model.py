@@ -648,8 +648,9 @@ def tier_line(run: Mapping[str, Any]) -> str | None:
         return (f"quick tier: numeric checks on a covering sample of {len(sample)} cells (each backend in each "
                 "feature column of each model family at least once); the other accepted cells are validated "
                 "only, not a full report")
-    if tier == "mixed":
-        return "merged from quick- and full-tier runs: each cell shows the most telling check any input made"
+    if isinstance(tier, str) and "quick" in tier:  # a merge of several tiers joins them: "full / quick"
+        return ("merged from quick- and full-tier runs: each cell shows the most telling check any input made "
+                "(a cell only a quick run reported may be validated only)")
     return None
 
 

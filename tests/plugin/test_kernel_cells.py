@@ -6,6 +6,7 @@ import pytest
 
 from pytest_mla.runner import KERNEL_CACHE_INPUT, MatrixRun
 from pytest_mla.options import Settings
+from pytest_mla.report.results import read_results
 
 from .helpers import matrix, read_report, run_facts
 
@@ -352,3 +353,28 @@ def test_the_full_tier_is_the_default_and_names_no_sample(pytester):
     triton = [c["kernel"] for c in doc["cells"] if "/triton/" in c["id"]]
     assert len(triton) == 4 and all(k["status"] == "verified" for k in triton)
     assert "quick tier" not in (pytester.path / "reports" / "m.md").read_text()
+
+
+def test_a_merge_of_a_quick_and_a_full_run_keeps_each_cells_level(pytester, capsys):
+    from pytest_mla.cli import main
+
+    pytester.makefile(".toml", m=_tiny_matrix(archs=("sm90",), rules=FLASHMLA_TOPK_RULE))
+    for tier in ("quick", "full"):
+        pytester.runpytest_subprocess("--mla-matrix=m.toml", "-p", "no:xdist", f"--mla-tier={tier}",
+                                      f"--mla-report-dir={tier}").assert_outcomes(passed=8)
+    quick, full = (str(pytester.path / tier / "m.json") for tier in ("quick", "full"))
+    merged = str(pytester.path / "merged.json")
+    assert main(["merge", quick, full, "-o", merged]) == 2  # two tiers: only when told
+    assert "ran different settings (tier 'quick' vs 'full')" in capsys.readouterr().err
+    assert main(["merge", quick, full, "-o", merged, "--allow-mixed"]) == 0
+    doc, by_tier = read_results(merged), {t: read_results(str(pytester.path / t / "m.json")) for t in ("quick", "full")}
+    assert doc["run"]["tier"] == "quick / full" and [m["tier"] for m in doc["run"]["merged_from"]] == ["quick", "full"]
+    quick_kernels = {c["id"]: c.get("kernel") for c in by_tier["quick"]["cells"]}
+    assert any(k and k["reason"].startswith("quick tier") for k in quick_kernels.values() if k.get("reason"))
+    for cell in doc["cells"]:  # cell by cell: the full run's check stands, whatever the quick run said
+        full_kernel = next(c.get("kernel") for c in by_tier["full"]["cells"] if c["id"] == cell["id"])
+        assert (cell.get("kernel") or {}).get("status") == (full_kernel or {}).get("status")
+        if full_kernel and full_kernel["status"] == "verified":
+            assert cell["kernel"]["status"] == "verified" and not cell["kernel"].get("reason")
+    assert main(["render", merged, "--format", "md"]) == 0
+    assert "merged from quick- and full-tier runs" in capsys.readouterr().out
