@@ -222,7 +222,8 @@ MIXES = {
     "engine": (lambda run: run["engine"].update(name="vllm"), "engine 'reference' vs 'vllm'", "reference / vllm"),
     "kernel_dtype": (lambda run: run.update(kernel_dtype="fp32"), "kernel_dtype 'bf16' vs 'fp32'", "bf16 / fp32"),
     "seed": (lambda run: run.update(seed=7), "seed 0 vs 7", "0 / 7"),
-    "tier": (lambda run: run.update(tier="nightly"), "tier (none) vs 'nightly'", "None / nightly"),
+    # a file from before tiers was a full run
+    "tier": (lambda run: run.update(tier="quick"), "tier 'full' vs 'quick'", "full / quick"),
 }
 
 
@@ -251,7 +252,7 @@ def test_merge_refuses_runs_of_different_settings_unless_told(tmp_path, capsys, 
     assert header == joined.replace("None", "(none)")
     inputs = [{k: m.get(k) for k in ("file", *SETTINGS)} for m in run["merged_from"]]
     assert inputs == [{"file": str(p), "engine": d["run"]["engine"]["name"], "kernel_dtype": d["run"]["kernel_dtype"],
-                       "seed": d["run"]["seed"], "tier": d["run"].get("tier")} for p, d in ((pa, a), (pb, b))]
+                       "seed": d["run"]["seed"], "tier": d["run"].get("tier", "full")} for p, d in ((pa, a), (pb, b))]
 
 
 def test_merge_of_runs_that_agree_records_their_settings_and_no_mix(tmp_path):
