@@ -31,6 +31,7 @@ from .core.plain import json_safe
 from .core.records import CellRecord, crash_record
 from .options import safe_stem_part
 from .report import run_document
+from .report.output import FolderBusyError, FolderLock, OutputError, check_output, remove_file
 from .report.results import (
     ResultStream, run_facts_path, split_run, split_volatile, with_volatile, write_results, write_run_facts,
     write_text_atomic,
@@ -52,7 +53,7 @@ class ResultCollector:
         self.collection_errors: list[str] = []
         self.documents: dict[Path, dict[str, Any]] = {}  # built once in sessionfinish, reused by the summary
         self.models: dict[int, Any] = {}  # id(document) → its ReportModel: the reports and the summary share it
-        self.write_failures: list[str] = []  # shown in red by the terminal summary
+        self.write_failures: list[str] = []  # shown in red by the terminal summary; any fails the session
         self.regressions: list[tuple[str, Any]] = []  # (matrix, Change) against --mla-baseline
         self.kernel_cache: str | None = None  # shared by xdist workers, made on first use
         self.user_tests: dict[tuple[str, str], dict[str, str]] = {}  # (matrix, cell id) → {test: outcome}
@@ -64,6 +65,39 @@ class ResultCollector:
         # node id → the record's volatile facts: its duration alone (most cells), or a dict of them
         # (a float is not an object the garbage collector must walk; a dict per cell would be)
         self.volatile: dict[str, Any] = {}
+        if self.out is not None:
+            lock_report_folder(config, self.out)  # held until the session is unconfigured
+            self.check_outputs()
+
+    def inputs(self) -> list[Path]:
+        """What this run reads that it must never write over: its matrix files and the baseline."""
+        found = list(self.run.files)
+        if self.run.settings.baseline:
+            found.append(Path(self.run.settings.baseline))
+        return found
+
+    def outputs(self, json_path: Path) -> list[Path]:
+        """Every file written for one matrix: the result file, its run facts, its renderings."""
+        stem = json_path.parent / json_path.name[:-len(".json")]
+        return [json_path, run_facts_path(json_path)] + [_with_ext(stem, ext) for ext in ("md", "html")
+                                                          if ext in self.run.settings.formats]
+
+    def check_outputs(self) -> None:
+        """Before the first cell: each file this run will write must be absent or a regular file,
+        and none of its inputs (``report.output.check_output``); a usage error naming it otherwise.
+        A matrix that does not load is left to collection, which reports it; its files are checked
+        again when they are written."""
+        inputs = self.inputs()
+        for file in self.run.files:
+            try:
+                path = self.result_path(file, self.run.load(file))
+            except Exception:  # noqa: BLE001 - reported at collection, with its cells
+                continue
+            for output in self.outputs(path):
+                try:
+                    check_output(output, inputs)
+                except OutputError as exc:
+                    raise pytest.UsageError(f"--mla-report-dir: {exc}") from None
 
     # -- xdist -----------------------------------------------------------------------
     @pytest.hookimpl(optionalhook=True)
@@ -152,7 +186,7 @@ class ResultCollector:
                     fd, fallback = tempfile.mkstemp(prefix=f"pytest-mla-{path.stem[:40]}-", suffix=".json",
                                                     dir=folder)
                     os.close(fd)
-                    stream = ResultStream(fallback, head)
+                    stream = ResultStream(fallback, head, in_place=True)
                 except OSError as again:
                     reasons.append(f"{folder or tempfile.gettempdir()}: {again.strerror or again}")
                     continue
@@ -165,7 +199,7 @@ class ResultCollector:
             return None
 
     def drop_stream(self, stream: ResultStream, exc: OSError) -> None:
-        stream.close()
+        stream.discard()  # its cells are kept in memory; a full disk gets back what it held
         for file, open_stream in self.streams.items():
             if open_stream is stream:
                 self.streams[file] = None
@@ -254,31 +288,40 @@ class ResultCollector:
             if self.out is not None and (document["cells"] or self.records or stream is not None):
                 markdown = self.write(document, self.result_path(file, loaded), stream)
             self.gate(session, document, markdown)
+        if self.write_failures and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED,
+                                                        pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = WRITE_FAILED
 
     def write(self, document: dict[str, Any], path: Path, stream: ResultStream | None) -> str | None:
-        """The result files of one matrix. The JSON was written as the cells finished; it is
-        closed here, or written again in matrix order when the cells came in another order
-        (xdist) or changed since (user-test outcomes). If it cannot be written there, it goes to
-        a temporary file (the finished cells are never lost) and the summary says where."""
+        """The result files of one matrix. The JSON was streamed to a side file as the cells
+        finished; it is closed here and replaces the report, or the report is written again in
+        matrix order when the cells came in another order (xdist) or changed since (user-test
+        outcomes). If it cannot be written there, the previous report stays as it was, the results
+        go to a temporary file (the finished cells are never lost), the summary says where, and the
+        session fails. Once the new JSON is in place, its run facts and renderings are written, and
+        a rendering of the previous run that is not (not asked for, or failed) is removed."""
         run, cells = document["run"], document["cells"]
         fallback = stream is not None and stream.fallback
+        inputs = self.inputs()
         try:
             if stream is not None and _same_records(stream.records, cells):
-                self.written.append(stream.finish(split_run(run)[1]))
+                self.written.append(stream.finish(split_run(run)[1], inputs))
             else:
                 if stream is not None:
-                    stream.close()
+                    stream.discard()
                     path = stream.path  # a fallback file stays the fallback
                 try:
-                    self.written.append(write_results(path, run, cells))
+                    self.written.append(write_results(path, run, cells, inputs))
                 except (TypeError, ValueError):  # a value no stream took (an engine's odd metadata)
                     document = json_safe(document)
                     run, cells = document["run"], document["cells"]
-                    self.written.append(write_results(path, run, cells))
+                    self.written.append(write_results(path, run, cells, inputs))
         except OSError as exc:
+            if stream is not None:
+                stream.discard()  # cut short, or whole but not in place: the results go to one file below
             fallback, why = write_fallback(document, path.parent / path.name[:-len(".json")])
             where = f"the results are in {fallback}" if fallback else f"nor anywhere else ({why}): the results are lost"
-            self.write_failures.append(f"cannot write {path}: {exc.strerror or exc}; {where}")
+            self.lost(f"cannot write {path}: {exc.strerror or exc}; {where}")
             return None
         path = self.written[-1]
         if fallback:
@@ -287,19 +330,37 @@ class ResultCollector:
         try:
             self.write_run_facts(path, cells)
         except OSError as exc:
-            self.write_failures.append(f"cannot write {run_facts_path(path)}: {exc.strerror or exc}")
+            self.lost(f"cannot write {run_facts_path(path)}: {exc.strerror or exc}")
+            self.remove_stale([run_facts_path(path)])
         stem = path.parent / path.name[:-len(".json")] if path.name.endswith(".json") else path
+        first = len(self.written)
         try:
-            return render_files(document, stem, self.run.settings.formats, self.written, self.model(document))
+            return render_files(document, stem, self.run.settings.formats, self.written, self.model(document),
+                                inputs=inputs)
         except OSError as exc:
-            self.write_failures.append(f"cannot write the reports next to {path}: "
-                                       f"{exc.strerror or exc} (render them with: pytest-mla render {path})")
+            self.lost(f"cannot write the reports next to {path}: "
+                      f"{exc.strerror or exc} (render them with: pytest-mla render {path})")
             return None
         except Exception as exc:  # a renderer's bug must not take the written results with it
-            self.write_failures.append(f"cannot render the reports of {path}: "
-                                       f"{type(exc).__name__}: {exc} (the results are written; render them "
-                                       f"with: pytest-mla render {path})")
+            self.lost(f"cannot render the reports of {path}: "
+                      f"{type(exc).__name__}: {exc} (the results are written; render them "
+                      f"with: pytest-mla render {path})")
             return None
+        finally:  # renderings of the previous run do not stay beside a JSON they do not describe
+            self.remove_stale([p for p in (_with_ext(stem, "md"), _with_ext(stem, "html"))
+                               if p not in self.written[first:]])
+
+    def lost(self, text: str) -> None:
+        """A file this run was to write is not written: one red line, and the session fails."""
+        self.write_failures.append(text)
+
+    def remove_stale(self, paths: list[Path]) -> None:
+        """Remove files of the previous run that the new result file does not match."""
+        for stale in paths:
+            try:
+                remove_file(stale)
+            except OSError as exc:
+                self.lost(f"cannot remove {stale} (it describes the previous run): {exc.strerror or exc}")
 
     def model(self, document: dict[str, Any]) -> Any:
         """The ``ReportModel`` of one of ``self.documents`` (made once), or a new one of another document."""
@@ -371,7 +432,7 @@ class ResultCollector:
             try:
                 append_step_summary(summary)
             except OSError as exc:  # checked writable at the start; a full disk or a moved file since
-                self.write_failures.append(f"cannot append to GITHUB_STEP_SUMMARY "
+                self.lost(f"cannot append to GITHUB_STEP_SUMMARY "
                                            f"({os.environ['GITHUB_STEP_SUMMARY']}): {exc.strerror or exc}")
 
     def file_of(self, nodeid: str) -> Path:
@@ -459,6 +520,25 @@ class ResultCollector:
             return self.document(file, self.run.load(file))
         except MatrixError:
             return None
+
+
+#: The session's exit status after a report file could not be written (whatever the verdicts).
+WRITE_FAILED = pytest.ExitCode.INTERNAL_ERROR
+
+
+def lock_report_folder(config: pytest.Config, out: Path) -> None:
+    """Hold the report folder's lock for the session (``report.output.FolderLock``): a second run
+    into the same folder stops before its first cell, naming the run that has it."""
+    lock = FolderLock(out)
+    try:
+        lock.acquire()
+    except FolderBusyError as exc:
+        who = f"pid {exc.pid}" if exc.pid else "its pid not yet written"
+        raise pytest.UsageError(f"--mla-report-dir: {out} is being written by another pytest-mla run ({who}); "
+                                "wait for it to end, or give this run another --mla-report-dir") from None
+    except OSError as exc:
+        raise pytest.UsageError(f"--mla-report-dir: cannot lock {lock.path}: {exc.strerror or exc}") from None
+    config.add_cleanup(lock.release)
 
 
 def report_folder(config: pytest.Config, report_dir: str | None) -> Path | None:
@@ -553,7 +633,7 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
 
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path],
-                 model: Any = None) -> str | None:
+                 model: Any = None, inputs: Any = ()) -> str | None:
     """Markdown and HTML next to the JSON, from the same document; returns the Markdown (None if not asked)."""
     from .report.model import ReportModel
 
@@ -563,11 +643,11 @@ def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...],
         from .report.markdown import render_markdown
 
         markdown = render_markdown(document, model=model)
-        written.append(write_text_atomic(_with_ext(stem, "md"), markdown))
+        written.append(write_text_atomic(_with_ext(stem, "md"), markdown, inputs=inputs))
     if "html" in formats:
         from .report.html import render_html
 
-        written.append(write_text_atomic(_with_ext(stem, "html"), render_html(document, model=model)))
+        written.append(write_text_atomic(_with_ext(stem, "html"), render_html(document, model=model), inputs=inputs))
     return markdown
 
 

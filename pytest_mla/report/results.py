@@ -37,7 +37,6 @@ import gc
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, Sequence
 
@@ -45,6 +44,7 @@ from ..core.limits import (
     MAX_NESTING, InputLimitError, deep_offset, format_key_path, line_column, nesting_message, read_bounded, too_deep,
 )
 from .codec import CodecError, Decoder, Encoder
+from .output import open_fresh, replace_file, write_text_atomic
 
 SCHEMA = "pytest-mla/result"
 SCHEMA_VERSION = 2
@@ -83,30 +83,39 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=1, ensure_ascii=False, allow_nan=False, default=_plain)
 
 
+def partial_path(path: str | os.PathLike[str]) -> Path:
+    """``reports/x.json.partial`` for ``reports/x.json``: where a run streams its cells."""
+    path = Path(path)
+    return path.parent / f"{path.name}.partial"
+
+
 class ResultStream:
     """A result file written cell by cell: header first, each cell as it finishes, ``end`` last.
 
-    Opened on ``path`` itself (not a temporary file), each cell written with
-    one unbuffered ``write``: a killed run leaves every cell it had finished,
-    readable (``read_results`` stops at the last whole cell). ``add``
-    returns the record made of shared values (see ``codec.Encoder``);
-    ``finish`` closes the document.
+    The cells go to a side file in the same folder (``partial``: ``x.json.partial``, or ``path``
+    itself for a temporary file standing in for one that could not be written), each with one
+    unbuffered ``write``: a killed run leaves every cell it had finished there, readable
+    (``read_results`` stops at the last whole cell), and ``path`` — the previous complete report —
+    as it was. ``finish`` closes the document and only then replaces ``path`` with it. ``add``
+    returns the record made of shared values (see ``codec.Encoder``).
     """
 
-    def __init__(self, path: str | os.PathLike[str], run_head: Mapping[str, Any]) -> None:
+    def __init__(self, path: str | os.PathLike[str], run_head: Mapping[str, Any], *,
+                 in_place: bool = False) -> None:
         self.path = Path(path)
+        self.partial = self.path if in_place else partial_path(self.path)
         self.fallback = False  # a temporary file standing in for one that could not be written
         self.encoder = Encoder()
         self.records: list[Mapping[str, Any]] = []  # what was written, in order
         self.path.parent.mkdir(parents=True, exist_ok=True)
         head = _HEAD + '"run":' + _pretty(dict(run_head)) + ',\n"cells":[\n'
-        self._file: IO[bytes] | None = open(self.path, "wb", buffering=0)  # noqa: SIM115 - open for the whole run
+        self._file: IO[bytes] | None = open_fresh(self.partial)
         self._pos = 0  # bytes written so far
         self._comma_at = -1  # file offset of the comma after the last entry
         try:
             self._write(head.encode("utf-8"))
         except BaseException:
-            self.close()
+            self.discard()
             raise
 
     def add(self, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,8 +136,10 @@ class ResultStream:
             view = view[written:]
         self._pos += len(data)
 
-    def finish(self, run_end: Mapping[str, Any]) -> Path:
-        """Close the cells and write ``end``; the file is complete."""
+    def finish(self, run_end: Mapping[str, Any], inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+        """Close the cells and write ``end``; the file is complete, and replaces ``path`` (which
+        must be a regular file, and none of ``inputs``: ``output.check_output``). On an error the
+        previous ``path`` is left as it was, and so is the side file."""
         assert self._file is not None, "the stream is finished"
         try:
             if self._comma_at >= 0:  # the last entry takes no comma
@@ -139,13 +150,25 @@ class ResultStream:
             self._write(('],\n"end":' + _pretty(dict(run_end)) + "}\n").encode("utf-8"))
         finally:
             self.close()
+        if self.partial != self.path:
+            replace_file(self.partial, self.path, inputs)
         return self.path
 
     def close(self) -> None:
-        """Stop writing, leaving the file as it is (a cut-short result)."""
+        """Stop writing, leaving the side file as it is (a cut-short result)."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def discard(self) -> None:
+        """Stop writing and remove the side file (its cells are written elsewhere; a temporary file
+        standing in for the report stays: it may be all there is)."""
+        self.close()
+        if self.partial != self.path:
+            try:
+                os.unlink(self.partial)
+            except OSError:
+                pass
 
 
 def results_text(run: Mapping[str, Any], cells: Iterable[Mapping[str, Any]]) -> str:
@@ -166,33 +189,16 @@ def results_text(run: Mapping[str, Any], cells: Iterable[Mapping[str, Any]]) -> 
 
 
 def write_results(path: str | os.PathLike[str], run: Mapping[str, Any],
-                  cells: Sequence[Mapping[str, Any]]) -> Path:
-    """A whole result file, atomically (serialised first: a value that is not JSON touches no file)."""
-    return write_text_atomic(path, results_text(run, cells))
+                  cells: Sequence[Mapping[str, Any]], inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+    """A whole result file, atomically (serialised first: a value that is not JSON touches no file);
+    ``path`` must be a regular file and none of ``inputs`` (``output.check_output``)."""
+    return write_text_atomic(path, results_text(run, cells), inputs=inputs)
 
 
 def write_json_atomic(path: str | os.PathLike[str], document: Any) -> Path:
     """Plain JSON (not a result file: e.g. a shared kernel result), atomically."""
     text = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False, default=_plain) + "\n"
     return write_text_atomic(path, text)
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -470,12 +476,6 @@ def with_volatile(record: Mapping[str, Any], facts: Mapping[str, Any] | None) ->
     if isinstance(facts.get("kernel"), dict) and isinstance(record.get("kernel"), dict):
         whole["kernel"] = {**record["kernel"], **facts["kernel"]}
     return whole
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _plain(value: Any) -> Any:

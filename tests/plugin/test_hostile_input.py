@@ -359,12 +359,14 @@ def _no_room(*args, **kwargs):
 
 def pytest_configure(config):
     tempfile.mkstemp = _no_room  # every fallback folder is full from the start
+
+def pytest_sessionfinish(session):  # the JSON's own path is taken (a folder, after the start-up check)
+    os.makedirs(os.path.join(str(session.config.rootpath), "reports", "m.json"))
 ''')
     liar.makefile(".toml", m=matrix(["lenient"]))
-    (liar.path / "reports").mkdir()
-    (liar.path / "reports" / "m.json").mkdir()  # the JSON's own path is taken
     result = liar.runpytest_subprocess("--mla-matrix=m.toml")
     result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     _no_traceback(result)
     result.stdout.fnmatch_lines(["mla report: cannot write *m.json: *; nor anywhere else (*No space left on device*"
                                  "No space left on device): the results are lost"])

@@ -138,17 +138,27 @@ def test_a_report_folder_that_is_a_file_stops_before_the_first_cell(liar):
 
 
 def test_a_failed_final_write_leaves_the_results_in_a_temporary_file(liar):
+    from .helpers import LIAR_CONFTEST
+
+    # The JSON's path is taken by a folder after the start-up check (which refuses one), before the end.
+    liar.makeconftest(LIAR_CONFTEST + """
+def pytest_sessionfinish(session):
+    os.makedirs(os.path.join(str(session.config.rootpath), "reports", "m.json"))
+""")
     liar.makefile(".toml", m=matrix(["lenient"]))
-    (liar.path / "reports" / "m.json").mkdir(parents=True)  # the JSON's path is taken by a folder
     result = liar.runpytest("--mla-matrix=m.toml")
     result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR  # the report is not where it was asked for
     line = next(ln for ln in result.stdout.lines if ln.startswith("mla report: cannot write"))
+    assert line.startswith(f"mla report: cannot write {liar.path / 'reports' / 'm.json'}: not a regular file "
+                           "(a folder); ")
     fallback = line.rsplit("the results are in ", 1)[1]
     try:
         doc = read_results(fallback)
         assert list(verdicts(doc).values()) == ["pass", "pass"]
     finally:
         os.unlink(fallback)
+    assert sorted(p.name for p in (liar.path / "reports").iterdir()) == ["m.json"]  # no side file, no lock
 
 
 def test_a_renderer_that_breaks_leaves_the_json_and_says_so(liar):

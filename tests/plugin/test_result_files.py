@@ -28,9 +28,12 @@ HANGS = LIAR_CONFTEST.replace('''        if cell.backend == "boom":''', '''     
         if cell.backend == "boom":''').replace("import os\n", "import os\nimport time\n", 1)
 
 
-def test_a_killed_run_leaves_every_finished_cell_readable(pytester):
+def test_a_killed_run_leaves_every_finished_cell_readable_and_the_previous_report(pytester):
     pytester.makeconftest(HANGS)
     pytester.makefile(".toml", m=matrix(["a", "b", "c", "hang", "d"], archs=("sm80", "sm90", "sm100")))
+    previous = pytester.path / "reports" / "m.json"
+    previous.parent.mkdir()
+    previous.write_bytes(b'{"the previous complete report": true}\n')
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--mla-matrix=m.toml", "-p", "no:xdist",
                              "-p", "no:cacheprovider"], cwd=pytester.path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -43,7 +46,9 @@ def test_a_killed_run_leaves_every_finished_cell_readable(pytester):
     finally:
         proc.kill()
         proc.wait()
-    doc = read_results(pytester.path / "reports" / "m.json")
+    # the cells went to a side file; the previous report is as it was
+    assert previous.read_bytes() == b'{"the previous complete report": true}\n'
+    doc = read_results(pytester.path / "reports" / "m.json.partial")
     assert [c["id"] for c in doc["cells"]] == [f"deepseek-v3/{b}/dcp1/none/{a}" for b in "abc"
                                                for a in ("sm80", "sm90", "sm100")]
     assert doc["run"]["complete"] is False and doc["run"]["interrupted"] is True
