@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .core.limits import MAX_INPUT_BYTES_ENV, InputLimitError, read_bounded
+from .report.output import OutputError, check_distinct, check_output
 from .report.results import ResultFileError, parse_results, read_results, results_text, write_results, write_text_atomic
 from .report.results import decode_text
 
@@ -54,18 +55,41 @@ def _read(path: str) -> dict[str, Any]:
     return document
 
 
-def _write(text: str, out: str | None) -> None:
+def _write(text: str, out: str | None, inputs: Sequence[str | None] = (), option: str = "-o",
+           mode: int = 0o666) -> None:
     if out is None or out == "-":
         sys.stdout.write(text)
         return
     try:
-        write_text_atomic(out, text)
+        write_text_atomic(out, text, inputs=[i for i in inputs if i], mode=mode)
     except OSError as exc:
-        raise cannot_write(out, exc) from None
+        raise cannot_write(out, exc, option) from None
 
 
-def cannot_write(out: str | os.PathLike[str], exc: OSError) -> CliError:
+def check_outputs(outputs: Sequence[tuple[str, str | None]], inputs: Sequence[str | None]) -> None:
+    """Before the work: each output (``(option, path)``) must be absent or a regular file, none of the
+    command's ``inputs``, and no other output (``report.output``); ``CliError`` in one line."""
+    given = [(option, out) for option, out in outputs if out is not None and out != "-"]
+    try:
+        for _, out in given:
+            check_output(out, [i for i in inputs if i])
+        check_distinct([out for _, out in given])
+    except OutputError as exc:
+        raise refused(exc, next(option for option, out in reversed(given) if out == exc.path)) from None
+
+
+def refused(exc: OutputError, option: str) -> CliError:
+    """``-o /dev/full: not a regular file (a character device); ...``, with a hint for standard output."""
+    hint = ""
+    if exc.path.startswith(("/dev/", "/proc/")):
+        hint = " (for standard output, leave the option out or give -)"
+    return CliError(f"{option} {exc}{hint}")
+
+
+def cannot_write(out: str | os.PathLike[str], exc: OSError, option: str = "-o") -> CliError:
     """One line for an output path that cannot be written, naming the part of it in the way."""
+    if isinstance(exc, OutputError):
+        return refused(exc, option)
     path = Path(out)
     blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
@@ -131,6 +155,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         if repeated is not None:
             raise CliError(f"-o {repeated} is given twice")
     formats = [output_format(args.format, out) for out in outputs]
+    check_outputs([("-o", out) for out in outputs], [args.result])
     document = _read(args.result)
     from .report.model import ReportModel
 
@@ -139,11 +164,11 @@ def cmd_render(args: argparse.Namespace) -> int:
         text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view, model=model)
         if fmt == "json" and out not in (None, "-"):
             try:
-                write_results(out, document["run"], document["cells"])
+                write_results(out, document["run"], document["cells"], inputs=[args.result])
             except OSError as exc:
                 raise cannot_write(out, exc) from None
         else:
-            _write(text, out)
+            _write(text, out, [args.result])
     return 0
 
 
@@ -153,6 +178,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     repeated = next((p for i, p in enumerate(args.results) if p in args.results[:i]), None)
     if repeated is not None:
         raise CliError(f"{repeated} is given twice: each result file merges once")
+    check_outputs([("-o", args.output)], args.results)
     docs = [_read(p) for p in args.results]
     try:
         merged = merge_documents(docs, names=args.results, allow_conflicts=args.allow_conflicts,
@@ -168,7 +194,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     except MergeError as exc:
         raise CliError(str(exc)) from None
     try:
-        write_results(args.output, merged["run"], merged["cells"])
+        write_results(args.output, merged["run"], merged["cells"], inputs=args.results)
     except OSError as exc:
         raise cannot_write(args.output, exc) from None
     conflicts = merged["run"].get("conflicts") or []
@@ -180,6 +206,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     from .report.diff import diff_documents
 
+    check_outputs([("-o", args.output)], [args.old, args.new])
     old, new = _read(args.old), _read(args.new)
     a, b = old["run"].get("matrix"), new["run"].get("matrix")
     if a != b:
@@ -188,7 +215,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     diff = diff_documents(old, new, old_name=args.old, new_name=args.new)
     text = diff.markdown() if args.format == "md" else (
         json.dumps(diff.as_dict(), indent=1, ensure_ascii=False) + "\n" if args.format == "json" else diff.text() + "\n")
-    _write(text, args.output)
+    _write(text, args.output, [args.old, args.new])
     for warning in diff.warnings():  # also on stderr: a gate's log must show it whatever the format
         print(f"{PROG} diff: {warning}", file=sys.stderr)
     return 1 if diff.gate_fails else 0
@@ -355,13 +382,16 @@ def cmd_init(args: argparse.Namespace) -> int:
     if args.engine not in shipped:
         raise CliError(f"no matrix shipped for {args.engine!r} (shipped: {', '.join(shipped) or 'none'})")
     out = Path(args.output or os.path.join("matrix", f"{args.engine}.toml"))
-    if out.is_dir():
+    if out.is_dir():  # a folder (or a link to one): the file goes inside it
         out = out / f"{args.engine}.toml"
+    source = shipped[args.engine]
+    inputs = [os.fspath(source)] if isinstance(source, os.PathLike) else []
+    check_outputs([("-o", os.fspath(out))], inputs)
     if out.exists() and not args.force:
         raise CliError(f"{out} exists; pass --force to replace it with the shipped matrix")
-    text = shipped[args.engine].read_text(encoding="utf-8")
+    text = source.read_text(encoding="utf-8")
     try:
-        write_text_atomic(out, text)
+        write_text_atomic(out, text, inputs=inputs)
     except OSError as exc:
         raise cannot_write(out, exc) from None
     version = re.search(r'^version\s*=\s*"([^"]*)"', text, re.MULTILINE)
@@ -416,6 +446,7 @@ def nearest_hint(matrix: Any, text: str, form: str) -> str:
 def cmd_suggest(args: argparse.Namespace) -> int:
     from .report.suggest import as_patch, as_text, suggest
 
+    check_outputs([("-o", args.output)], [args.result, args.matrix])
     document = _read(args.result)
     suggestions = suggest(document)
     if not suggestions:
@@ -435,11 +466,13 @@ def cmd_suggest(args: argparse.Namespace) -> int:
                 raise CliError(f"--matrix {args.matrix}: cannot read: {exc.strerror or exc}") from None
             print(f"{PROG} suggest: {matrix_path} (the result's matrix file) cannot be read here; printing the "
                   "rules with where they go (--matrix PATH gives a patch)", file=sys.stderr)
+    inputs = [args.result, os.fspath(matrix_path) if matrix_path else None]
+    check_outputs([("-o", args.output)], inputs)  # the matrix the result names is an input too
     cells = sum(len(s.cells) for s in suggestions)
     print(f"{PROG} suggest: {len(suggestions)} rule(s) for {cells} failing cell(s); review before applying "
           "(nothing was changed)", file=sys.stderr)
     _write(as_patch(suggestions, text, os.fspath(matrix_path)) if text is not None else as_text(suggestions),
-           args.output)
+           args.output, inputs)
     return 0
 
 
@@ -448,6 +481,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from .report.repro.bugreport import render_bug_report
     from .report.repro.runs import python_of, run_all
 
+    outputs = [("-o", args.output), ("--report", args.report)]
+    check_outputs(outputs, [args.result])
     document = _read(args.result)
     environments = list(args.engines or [])
     if "auto" in environments:
@@ -485,7 +520,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         why = "; ".join(reasons)
         if args.report:
             _write(render_bug_report(ctx, None, script_name=None, why_no_script=reasons, command=command),
-                   args.report)
+                   args.report, [args.result], option="--report")
             print(f"{PROG} repro: {head}: wrote the bug report {args.report}, without a reproducer: {why}",
                   file=sys.stderr)
         if args.output is not None or not args.report:
@@ -496,11 +531,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if to_stdout:
         sys.stdout.write(script)
     else:
-        _write(script, args.output)
-        try:
-            os.chmod(args.output, 0o755)
-        except OSError:
-            pass
+        _write(script, args.output, [args.result], mode=0o777)  # executable (less the umask)
     if environments:
         import tempfile
 
@@ -511,7 +542,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
             runs = run_all(path, environments, timeout_s=args.timeout)
     if args.report:
         _write(render_bug_report(ctx, template, script_name=os.path.basename(script_name), runs=runs,
-                                 command=command), args.report)
+                                 command=command), args.report, [args.result], option="--report")
     wrote = [f"the reproducer {args.output}"] if not to_stdout else []
     wrote += [f"the bug report {args.report}"] if args.report else []
     if wrote:
