@@ -208,9 +208,11 @@ class ResultCollector:
 
     def result_path(self, file: Path, loaded: LoadedMatrix) -> Path:
         assert self.out is not None
-        engine = self.engine_info(loaded)
-        stem = self.out / report_stem(self.run.settings.report_name, report_stems(self.run)[file], engine["name"],
-                                      engine["version"] or "unavailable")
+        engine = loaded.engine  # its name and version as engine_info gives them (without asking its metadata)
+        name = str(getattr(engine, "name", None) or loaded.matrix.engine_name)
+        version = str(engine.version) if engine is not None else None
+        stem = self.out / report_stem(self.run.settings.report_name, report_stems(self.run)[file], name,
+                                      version or "unavailable")
         return _with_ext(stem, "json")
 
     @pytest.hookimpl(trylast=True)
