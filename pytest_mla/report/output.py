@@ -211,7 +211,8 @@ class FolderLock:
                 os.close(fd)
                 raise
             try:
-                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
+                held, there = os.fstat(fd), os.lstat(self.path)
+                same = (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
             except FileNotFoundError:
                 same = False
             if same:
