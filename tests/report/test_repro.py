@@ -222,15 +222,19 @@ def test_repro_is_in_the_help(capsys):
     assert "--engines VENV" in out and "--report FILE.md" in out and "exit 1 while the bug exists" in out
 
 
-def test_the_cli_module_stays_light():
+def test_the_cli_module_stays_light(tmp_path):
     """repro lives in report/ and imports neither torch nor an engine (the CLI runs anywhere)."""
+    # A file of its own: -o /dev/null is refused (not a regular file), and pytest-mla before issue 44
+    # replaced /dev/null with a plain file (and made it executable) when run as root.
+    script = tmp_path / "repro.py"
     code = ("import sys; from pytest_mla.cli import main; "
-            f"main(['repro', {str(COMMITTED)!r}, {DECODE!r}, '-o', '/dev/null']); "
+            f"assert main(['repro', {str(COMMITTED)!r}, {DECODE!r}, '-o', {str(script)!r}]) == 0; "
             "print(sorted(m for m in ('torch', 'triton', 'sglang', 'pytest_mla.engines', 'pytest_mla.kernels') "
             "if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"
+    assert script.read_text(encoding="utf-8").startswith("#!")
 
 
 def test_engines_runs_scripts_in_each_environment_relative_paths_included(tmp_path, monkeypatch, capsys):
