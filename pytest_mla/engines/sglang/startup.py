@@ -94,11 +94,8 @@ STUBBED_KERNEL_LIBRARIES = ("sgl_kernel", "flash_mla", "tokenspeed_mla")
 #: SGLang's JIT kernel loader: entering it compiles CUDA code for the device, a GPU step.
 JIT_LOADERS = (("sglang.kernels.jit.utils.compile.loader", "load_jit"),)
 
-#: What the kernel-execution side says by default (sglang_backend.py replaces ``kernel_for``).
-
 #: The catalogue models whose configs decide ``registered_backends``: a dense MLA model and a
 #: sparse (DSA) one, so that the sparse MLA backends (``dsa``, its alias ``nsa``) count as MLA-capable.
-MLA_PROBE_MODEL = "deepseek-v3"
 MLA_PROBE_MODELS = ("deepseek-v3", "deepseek-v3.2")
 
 _BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")

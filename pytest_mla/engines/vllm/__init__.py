@@ -3,7 +3,7 @@
 * ``startup``: start-up validation — vLLM's config objects, its attention
   selector, backend and metadata-builder construction, KV-cache spec and
   CUDA-graph resolution — with the cell's GPU faked (``VLLMEngine``), and the
-  kernel-check targets (``run_triton_mla``, ``run_triton_attn``) that make the
+  kernel-check targets (``run_mla``, ``run_attn``) that make the
   process's adapter engine before running a check.
 * ``checks``: which numeric check an accepted cell runs and the engine runners
   that drive vLLM's own attention layers per DCP rank.

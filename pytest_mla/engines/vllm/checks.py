@@ -889,21 +889,12 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     return RankResult(out, None, heads if world > 1 else None, tuple(functions), notes=notes, emulated=emulated)
 
 
-def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """TRITON_MLA's check (``run_mla`` with ``backend`` TRITON_MLA), kept for the runners that name it."""
-    return run_mla(inputs, ctx, {**options, "backend": "TRITON_MLA"})
-
-
 def _combine_name(combine: Any) -> str:
     fn = getattr(combine, "func", combine)
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
 # ---- what configure() declares --------------------------------------------------------------------
-
-#: vLLM MLA backends whose kernels have no check yet: the compiled callable each decode calls.
-GPU_BACKENDS: dict[str, str] = {}
-
 
 def backend_name(path: str) -> str:
     """The ``AttentionBackendEnum`` name of the backend class vLLM selected (``path``: its qualified name)."""
@@ -921,8 +912,6 @@ ROCM_KERNELS = {
     "ROCM_AITER_TRITON_MLA": "aiter.mla.mla_decode_fwd",
     "ROCM_AITER_MLA_SPARSE": "ROCMAiterMLASparseImpl._forward_mla_aiter (aiter's sparse MLA decode)",
 }
-#: Other platforms' backends whose engine check is not written yet, and what each decodes with.
-UNCHECKED_KERNELS: dict[str, str] = {}
 #: What a sparse backend's ``forward_mqa`` runs over the indexer's top-k (Triton: interpreted here), for the
 #: record: the conversion of request-relative positions to cache rows, the sparse decode.
 SPARSE_DECODE_KERNELS = {
@@ -966,8 +955,6 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
         return _attn_spec(engine, cell, model, tp, where, name, startup), None
     if name in DECODE_FUNCTIONS and model.mla:
         return _mla_spec(engine, cell, model, tp, where, name, startup), None
-    if name in GPU_BACKENDS:
-        return gpu_backend_spec(name, cell, model, tp, where)
     return None, f"no engine check for vLLM's {name} backend on this host"
 
 
@@ -1043,8 +1030,6 @@ def other_platform_reason(name: str, arch: str, platform: str | None) -> str:
         return f"vLLM's {name} decodes with torch.ops._C.{op}; its engine check is not written yet"
     if name in ROCM_KERNELS:
         return f"vLLM's {name} decodes with {ROCM_KERNELS[name]}, which has no emulation yet"
-    if name in UNCHECKED_KERNELS:
-        return f"vLLM's {name} on the {platform} platform ({arch}) decodes with {UNCHECKED_KERNELS[name]}"
     return f"vLLM's {name} on the {platform} platform ({arch}): no engine check drives this backend yet"
 
 
@@ -1244,12 +1229,6 @@ def _construction_raises(engine: Any, options: Mapping[str, Any], capability: st
 
             _probes[key] = engine_function_of(exc, PACKAGE) is not None
     return _probes[key]
-
-
-def gpu_backend_spec(name: str, cell: Any, model: Any, tp: int, where: str) -> tuple[Any, str | None]:
-    """vLLM's MLA backends without a check here: ``not-run``, naming the callable that has no emulation."""
-    return None, (f"vLLM's {name} backend calls {GPU_BACKENDS[name]}, which has no emulation in "
-                  f"pytest_mla.kernels.emulated and no check of the real kernel yet (host: {where})")
 
 
 # ---- TRITON_ATTN (GQA models) -------------------------------------------------------------------
@@ -1481,11 +1460,6 @@ def current_platform_fp8() -> Any:
     from vllm.platforms import current_platform
 
     return current_platform.fp8_dtype()
-
-
-def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """TRITON_ATTN's check (``run_attn``), kept for the runners that name it."""
-    return run_attn(inputs, ctx, {**options, "backend": "TRITON_ATTN"})
 
 
 #: GQA backends whose cache layout is the kernel library's own (packed tiles per ISA): the check writes every

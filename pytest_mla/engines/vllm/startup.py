@@ -1277,19 +1277,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     return vllm_backend.run_mla(inputs, ctx, options)
 
 
-def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own TRITON_MLA path (``vllm_backend``), on this process's adapter engine."""
-    vllm_backend.adopt_factory(VLLMEngine)
-    return vllm_backend.run_triton_mla(inputs, ctx, options)
-
-
 def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """``KernelSpec`` target: vLLM's own attention layer for a GQA model (``vllm_backend.run_attn``)."""
     vllm_backend.adopt_factory(VLLMEngine)
     return vllm_backend.run_attn(inputs, ctx, options)
-
-
-def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own TRITON_ATTN path (``vllm_backend``), on this process's adapter engine."""
-    vllm_backend.adopt_factory(VLLMEngine)
-    return vllm_backend.run_triton_attn(inputs, ctx, options)
