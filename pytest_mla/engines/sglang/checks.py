@@ -481,11 +481,11 @@ class _AdapterStage:
     @staticmethod
     @contextlib.contextmanager
     def _stage(what: str) -> Iterator[None]:
-        from ...kernels.emulated.glue import OutOfContractError
+        from ...kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 
         try:
             yield
-        except (AdapterError, OutOfContractError):  # an emulation's refusal is the run's verdict, not ours
+        except (AdapterError, OutOfContractError, OutOfRangeRead):  # an emulation's refusal is the run's verdict, not ours
             raise
         except Exception as exc:
             if getattr(exc, "mla_engine_raised", False):  # SGLang's own code raised (pools marks it): a finding

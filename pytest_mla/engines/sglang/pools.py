@@ -455,11 +455,11 @@ class RankSetup:
         # in-process ranks one per rank, stated by ``activate`` as the rank's ForwardContext is
         self._fi_a2a = importlib.import_module("sglang.srt.layers.dcp.comm")
         self.activate()
-        from ...kernels.emulated.glue import OutOfContractError
+        from ...kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 
         try:
             init_fi_a2a_workspace(self.group)
-        except (AdapterError, OutOfContractError):
+        except (AdapterError, OutOfContractError, OutOfRangeRead):
             raise
         except Exception as exc:
             if not _raised_in_adapter(exc):
