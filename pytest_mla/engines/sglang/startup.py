@@ -71,7 +71,7 @@ from ...core.spec import parse_spec
 from ..common import quiet as _quiet
 from ..common.gpu_steps import GpuResource, GpuStep, UnsetField, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from ..common.gpu_steps import stop_at_gpu_steps
-from ..protocol import AdapterError, Configured, UnreachableError
+from ..protocol import AdapterError, Configured, Engine, UnreachableError
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from .platforms import PLAIN_LOADS, PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, fake_import_platform, known_archs
 from .platforms import platform_fact_names, platform_facts
@@ -241,7 +241,7 @@ class _SGLang:
         self.package_dir = os.path.dirname(os.path.abspath(importlib.import_module("sglang").__file__ or ""))
 
 
-class SGLangEngine:
+class SGLangEngine(Engine):
     """Adapter for an installed ``sglang`` (``[engine] name = "sglang"``)."""
 
     name = ENGINE

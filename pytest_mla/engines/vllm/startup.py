@@ -101,7 +101,7 @@ from ...core.spec import parse_spec
 from ..common import quiet as _quiet
 from ..common.gpu_steps import GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from . import checks as vllm_backend
-from ..protocol import Configured
+from ..protocol import Configured, Engine
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from .platforms import PLATFORM_CLASSES, PLATFORM_LIBRARIES, PLATFORM_LIBRARY_STUBS, FakePlatforms, known_archs
 
@@ -238,7 +238,7 @@ class Startup:
         return self.backend_cls.__name__
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """Adapter for an installed ``vllm`` (``[engine] name = "vllm"``)."""
 
     name = "vllm"
