@@ -296,7 +296,8 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
         speculative.method = options["spec_method"]
         speculative.num_speculative_tokens = options["num_speculative_tokens"]
     attention = AttentionConfig()
-    if attention.sparse_mla_prefill_workspace_factor is None:  # VllmConfig.__post_init__ (config/vllm.py:1795-1803)
+    # the stand-in config skips VllmConfig.__post_init__, which fills this default from the max model length
+    if attention.sparse_mla_prefill_workspace_factor is None:
         attention.sparse_mla_prefill_workspace_factor = 5 if MAX_MODEL_LEN <= 256 * 1024 else 2
     return _view_of(VllmConfig, _StandInConfig)(
         model_config=model_config, parallel_config=parallel, cache_config=cache, scheduler_config=scheduler,
@@ -392,7 +393,7 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
         os.environ.update(NO_SYMMETRIC_MEMORY)
     holder.bind(group)
     parallel_state._DCP = holder if group is not None else None
-    if saved_tp is None:  # SparseMLACommonImpl.__init__ asks the TP group its size (sparse_mla_attention.py:758)
+    if saved_tp is None:  # a sparse impl's __init__ (SparseMLACommonImpl) asks the TP group its size: no TP group here
         parallel_state._TP = types.SimpleNamespace(world_size=config.parallel_config.tensor_parallel_size,
                                                    rank_in_group=0, device_group=None)
     torch.set_default_dtype(config.model_config.dtype)
@@ -840,7 +841,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             built = attn_group.build_metadata(common)
             prefills = getattr(built, "num_prefills", 0)
         else:
-            # a sparse builder (SparseMLACommonMetadataBuilder.build, sparse_mla_attention.py:385-390)
+            # split as the builder's own build() does: a sparse builder (SparseMLACommonMetadataBuilder)
             # asks its class's require_uniform_decodes, a dense one its query_len_support
             uniform = (builder.require_uniform_decodes if hasattr(builder, "require_uniform_decodes")
                        else builder.query_len_support != QueryLenSupport.VARLEN)
