@@ -1,6 +1,6 @@
 """SGLang's own pieces for one rank of a kernel check: server args, pools, backend, batch, model path.
 
-See ``sglang_backend`` for what is built and why. Everything version-specific
+See ``checks`` for what is built and why. Everything version-specific
 is detected here, by feature (a module, a function, a parameter), never by
 version number: SGLang 0.5.20 to 0.5.23 move these pieces between releases.
 """
