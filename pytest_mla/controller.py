@@ -29,6 +29,7 @@ from .core.errors import STEP_FAILURES, MatrixError, describe_failure
 from .core.host import probe_host
 from .core.plain import json_safe
 from .core.records import CellRecord, crash_record
+from .engines.protocol import optional_step
 from .options import safe_stem_part
 from .report import run_document
 from .report.output import FolderBusyError, FolderLock, OutputError, check_output, remove_file
@@ -624,10 +625,10 @@ def report_stems(run: MatrixRun) -> dict[Path, str]:
 def engine_metadata(engine: Any) -> dict[str, Any]:
     """The adapter's ``metadata()`` as plain JSON values (anything else becomes its ``repr``):
     a value the JSON encoder cannot take must not lose the finished cells."""
-    if engine is None or not hasattr(engine, "metadata"):
+    if engine is None:
         return {}
     try:
-        data = engine.metadata()
+        data = optional_step(engine, "metadata")()
     except STEP_FAILURES as exc:
         return {"error": f"metadata() raised {describe_failure(exc)}"}
     plain = json_safe(data)

@@ -31,7 +31,7 @@ from .core.records import CellRecord, KernelResult, new_record, not_run, stable_
 from .core.rules import Expectation
 from .core.sample import covering_sample
 from .core.verdicts import ACCEPTED, CRASHED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
-from .engines.protocol import AdapterError, Configured, Engine, KernelSpec, UnreachableError
+from .engines.protocol import AdapterError, Configured, Engine, KernelSpec, UnreachableError, optional_step
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, check_adapter, load_engine
 from .options import Settings, selected_axes
 from .report.results import write_json_atomic
@@ -276,16 +276,14 @@ class MatrixRun:
         if cached is not None:
             self._kernel_results[key] = cached
             return {**cached, "reused": True}
-        result = None
-        elsewhere = getattr(engine, "run_check", None)  # optional: the engine runs it where it configured
-        if elsewhere is not None:
-            try:
-                result = elsewhere(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
-                                   timeout_s=self.settings.dcp_timeout)
-            except STEP_FAILURES as exc:  # the adapter's own failure: never the kernel's numbers
-                return KernelResult(status=KERNEL_FAILED, where=where, crashed=True,
-                                    message=str(AdapterError("run_check", describe_failure(exc),
-                                                             engine=engine.name, version=engine.version)))
+        elsewhere = optional_step(engine, "run_check")  # the engine runs it where it configured (None: here)
+        try:
+            result = elsewhere(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
+                               timeout_s=self.settings.dcp_timeout)
+        except STEP_FAILURES as exc:  # the adapter's own failure: never the kernel's numbers
+            return KernelResult(status=KERNEL_FAILED, where=where, crashed=True,
+                                message=str(AdapterError("run_check", describe_failure(exc),
+                                                         engine=engine.name, version=engine.version)))
         if result is None:
             result = run_check(case, spec, where=where, dcp_mode=self.settings.dcp_mode,
                                timeout_s=self.settings.dcp_timeout)
@@ -404,15 +402,17 @@ def check_described(loaded: LoadedMatrix, shown: str) -> None:
 def check_known_archs(matrix: Matrix, engine: Engine, shown: str) -> None:
     """An arch value the installed release has no platform for is an error of the file (never a cell error).
 
-    Asked of adapters with ``known_archs()`` (the arch values the installed
+    Asked of every adapter (``Engine.known_archs``: the arch values the installed
     release can fake; ``"smNN"`` stands for every NVIDIA arch). An adapter that
-    cannot answer (its setup failed) is not asked: its cells report why.
+    cannot say (None, the default) or cannot answer (``AdapterError``: its setup
+    failed) refuses no arch: its cells report why.
     """
-    known_archs = getattr(engine, "known_archs", None)
-    if known_archs is None:
-        return
+    known_archs = optional_step(engine, "known_archs")
     try:
-        known = tuple(str(a) for a in known_archs())
+        answer = known_archs()
+        if answer is None:
+            return
+        known = tuple(str(a) for a in answer)
     except AdapterError:
         return
     except STEP_FAILURES as exc:
@@ -433,11 +433,12 @@ def coverage_of(matrix: Matrix, engine: Engine) -> dict[str, Any] | None:
 
     A backend value ``P+D`` covers both halves.
     """
-    registered = getattr(engine, "registered_backends", None)
-    if registered is None:
-        return None
+    registered = optional_step(engine, "registered_backends")
     try:
-        backends = {str(k): bool(v) for k, v in dict(registered()).items()}
+        answer = registered()
+        if answer is None:
+            return None
+        backends = {str(k): bool(v) for k, v in dict(answer).items()}
     except STEP_FAILURES as exc:  # the listing is advisory: say why it is missing, never fail the cells for it
         return {"error": f"registered_backends() failed: {describe_failure(exc)}"}
     listed = {part for value in matrix.axes.get("backend", ()) for part in str(value).split("+")}

@@ -5,19 +5,31 @@ the way the real engine would, raising the engine's own error when it
 refuses, and says which decode kernel (if any) can be run here to check the
 accepted configuration's numbers. An adapter never computes the expectation
 it is checked against: that lives in the matrix file.
+
+An adapter subclasses :class:`Engine`: it sets ``name``, ``version`` and
+``refusal_errors``, writes ``configure``, and overrides the optional steps it
+offers (each default means "not offered"). An adapter that does not subclass
+it is still accepted (``module:attr``, a hook's factory): a step it lacks is
+the default, which is how the runner reads every step (:func:`optional_step`).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from typing import Any, Mapping, Protocol, runtime_checkable
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-__all__ = ["AdapterError", "Configured", "Engine", "KernelSpec", "UnreachableError"]
+__all__ = ["AdapterError", "Configured", "Engine", "KernelSpec", "OPTIONAL_STEPS", "UnreachableError",
+           "optional_step"]
 
 from ..core.cells import Cell
 from ..core.errors import AdapterError, UnreachableError
 from ..core.kernelspec import KernelSpec
 from ..core.models import ModelConfig
+
+if TYPE_CHECKING:
+    from ..core.records import KernelResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,31 +42,59 @@ class Configured:
     notes: tuple[str, ...] = ()  # rewrites the engine made (page size forced, aliases)
 
 
-@runtime_checkable
-class Engine(Protocol):
+class Engine(abc.ABC):
+    """The base class of an engine adapter: ``configure`` is required, the other steps optional.
+
+    ``registry.check_adapter`` asks for the required parts when the adapter is
+    loaded (``name``, ``version``, ``configure``, ``refusal_errors``).
+    """
+
     name: str
     version: str
     #: Exception types that mean "the engine refused this configuration".
     #: Anything else raised by ``configure`` is a crash (verdict ``error``).
     refusal_errors: tuple[type[BaseException], ...]
 
+    @abc.abstractmethod
     def configure(self, cell: Cell, model: ModelConfig) -> Configured:
         """Configure the cell's backend; raise the engine's own error to refuse."""
-        ...
+
+    # ---- optional steps: each default means "not offered" ----------------------------------
 
     def metadata(self) -> Mapping[str, Any]:
-        """Plain values for the report's run metadata (versions, stubs, ...)."""
-        ...
+        """Plain values for the report's run metadata (versions, stubs, ...). Default: none."""
+        return {}
 
-    # Optional: ``registered_backends(self) -> Mapping[str, bool]``: every attention
-    # backend the installed engine registers, mapped to whether it can serve MLA
-    # models. The report names the MLA-capable ones a matrix does not cover.
-    #
-    # Optional: ``known_archs(self) -> Sequence[str]``: the ``arch`` values the installed
-    # release has a platform for (``"smNN"`` stands for every NVIDIA arch). An arch of the
-    # matrix outside it is an error of the file, naming the value and these.
-    #
-    # Optional: ``run_check(self, case, spec, *, where, dcp_mode, timeout_s) -> KernelResult | None``:
-    # run an accepted cell's numeric check where the engine configured it (the vLLM adapter:
-    # in the child process of the cell's platform, see ``engines/common/platform_process.py``);
-    # None lets the runner run it in its own process (``kernels.run.run_check``).
+    def registered_backends(self) -> Mapping[str, bool] | None:
+        """Every attention backend the installed engine registers, mapped to whether it can serve
+        MLA models; the report names the MLA-capable ones a matrix does not cover.
+        Default None: the adapter cannot say (the report has no coverage)."""
+        return None
+
+    def known_archs(self) -> Sequence[str] | None:
+        """The ``arch`` values the installed release has a platform for (``"smNN"`` stands for every
+        NVIDIA arch); an arch of the matrix outside them is an error of the file, naming the value
+        and these. Default None: the adapter cannot say (no arch is refused for it); raising
+        ``AdapterError`` means the same (its setup failed: its cells report why)."""
+        return None
+
+    def run_check(self, case: Any, spec: KernelSpec, *, where: str, dcp_mode: str,
+                  timeout_s: float) -> KernelResult | None:
+        """Run an accepted cell's numeric check where the engine configured it (the vLLM adapter: in
+        the child process of the cell's platform, see ``engines/common/platform_process.py``).
+        Default None: the runner runs it in its own process (``kernels.run.run_check``)."""
+        return None
+
+
+#: The steps an adapter may leave out.
+OPTIONAL_STEPS = ("metadata", "registered_backends", "known_archs", "run_check")
+
+
+def optional_step(engine: Any, name: str) -> Callable[..., Any]:
+    """``engine``'s optional step ``name`` (one of ``OPTIONAL_STEPS``) as a bound callable: the
+    adapter's own, or :class:`Engine`'s default where the adapter lacks it (or sets it to None),
+    so that an adapter that does not subclass ``Engine`` reads as one that does."""
+    if name not in OPTIONAL_STEPS:
+        raise ValueError(f"{name!r} is not an optional step of Engine (those are: {', '.join(OPTIONAL_STEPS)})")
+    own = getattr(engine, name, None)
+    return own if own is not None else functools.partial(getattr(Engine, name), engine)

@@ -23,7 +23,7 @@ from ..core.models import ModelConfig
 from ..core.spec import SpecSetting, parse_spec
 from ..core.host import probe_host
 from ..kernels.library_hook import library_kernel_for
-from .protocol import Configured, KernelSpec
+from .protocol import Configured, Engine, KernelSpec
 
 TRITON_KERNEL = KernelSpec("triton", "pytest_mla.kernels.triton_mla:mla_decode")
 
@@ -250,7 +250,7 @@ def _trtllm_mha(args: ServerArgs) -> Configured:
                       kernel_reason=_no_kernel("trtllm_mha", "flashinfer"))
 
 
-class ReferenceEngine:
+class ReferenceEngine(Engine):
     """The embedded default engine (``[engine] name = "reference"``)."""
 
     name = "reference"

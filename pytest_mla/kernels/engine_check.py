@@ -146,9 +146,9 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
             ctx = RankContext(collectives.rank, collectives.world, case.dcp_interleave, collectives, device, case)
             try:
                 return runner(inputs, ctx, options)
+            except OutOfRangeRead as exc:  # an index the engine handed the kernel: the engine's finding
+                raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
             except OutOfContractError as exc:  # an emulation asked for what it does not model: not-run, never a pass
-                if isinstance(exc, OutOfRangeRead):  # an index the engine handed the kernel: the engine's finding
-                    raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
                 raise EngineCannotRun(f"emulated kernel out of contract: {exc}") from exc
             except BaseException as exc:
                 own = isinstance(exc, (AdapterError, EngineCannotRun))

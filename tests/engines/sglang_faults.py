@@ -1,6 +1,6 @@
 """Faults injected at run time into the installed SGLang's own kernels and merge, and a driver that checks cells.
 
-Run inside an SGLang venv (``tests/engines/test_sglang_backend.py`` does)::
+Run inside an SGLang venv (``tests/engines/test_sglang_checks.py`` does)::
 
     python tests/engines/sglang_faults.py SCENARIO [SCENARIO ...] [--dcp-mode distributed]
 

@@ -313,7 +313,7 @@ PLATFORM_RELEASES = [pytest.param(".venv-sglang", id="sglang-0.5.23"),
                      pytest.param(".venv-sglang-0.5.22", id="sglang-0.5.22")]
 #: What each release does in a platform's slice, read in its committed report (``committed_slice``: CI
 #: recomputes those reports and fails on any difference); the platform processes themselves run live in
-#: the tests that inject faults there (test_sglang_backend.py) and in the order test below.
+#: the tests that inject faults there (test_sglang_checks.py) and in the order test below.
 COMMITTED_RELEASES = ["sglang-0.5.23", "sglang-0.5.22"]
 
 

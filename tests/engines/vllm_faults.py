@@ -1,6 +1,6 @@
 """Faults injected at run time into the installed vLLM's own MLA kernel and DCP merge, and a driver that checks cells.
 
-Run inside a vLLM venv (``tests/engines/test_vllm_backend.py`` does)::
+Run inside a vLLM venv (``tests/engines/test_vllm_checks.py`` does)::
 
     python tests/engines/vllm_faults.py SCENARIO [SCENARIO ...] [--dcp-mode distributed]
 
@@ -414,21 +414,21 @@ def injected(fault: str) -> Iterator[None]:
                 os.environ["VLLM_TRITON_USE_TD"] = saved
         return
     if fault == "library-present":
-        from pytest_mla.engines.vllm import checks as vllm_backend
+        from pytest_mla.engines.vllm import checks
         from pytest_mla.engines.vllm import VLLMEngine
 
-        vllm_backend.adopt_factory(VLLMEngine)
-        vllm_backend.prepare_process()
+        checks.adopt_factory(VLLMEngine)
+        checks.prepare_process()
         with library_present():
             yield
         return
     import importlib
 
-    from pytest_mla.engines.vllm import checks as vllm_backend
+    from pytest_mla.engines.vllm import checks
     from pytest_mla.engines.vllm import VLLMEngine
 
-    vllm_backend.adopt_factory(VLLMEngine)  # a rank process has no engine yet: make it as the runner would
-    vllm_backend.prepare_process()  # the Triton mode and the engine's import, as the runner does
+    checks.adopt_factory(VLLMEngine)  # a rank process has no engine yet: make it as the runner would
+    checks.prepare_process()  # the Triton mode and the engine's import, as the runner does
     module_name, attr, make = FAULTS[fault]
     for binder in BINDERS:
         with contextlib.suppress(ImportError):  # a platform child lacks some (flashinfer's on ROCm / XPU)

@@ -84,9 +84,10 @@ def test_emulation_out_of_contract_is_not_run_never_a_finding(dcp_mode):
         run_engine_check(case(2), spec(raise_in="emulation"), dcp_mode=dcp_mode, timeout_s=120)
 
 
-def test_out_of_range_index_the_engine_hands_an_emulation_is_its_finding():
+@pytest.mark.parametrize("dcp_mode", ["in-process", "distributed"])
+def test_out_of_range_index_the_engine_hands_an_emulation_is_its_finding(dcp_mode):
     with pytest.raises(BackendRaised) as info:
-        run_engine_check(case(2), spec(raise_in="out-of-range"))
+        run_engine_check(case(2), spec(raise_in="out-of-range"), dcp_mode=dcp_mode, timeout_s=120)
     assert info.value.error == "OutOfRangeRead" and info.value.function == "tests.kernels.fake_engine:decode_rank"
 
 

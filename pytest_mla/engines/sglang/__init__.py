@@ -2,9 +2,12 @@
 
 * ``startup``: start-up validation — SGLang's argument parsing and resolution, its
   attention-backend factories and constructors up to their first GPU step, the
-  EAGLE draft worker — with the cell's GPU arch faked (``SGLangEngine``).
+  EAGLE draft worker — with the cell's GPU arch faked (``SGLangEngine``);
+  ``platforms``: SGLang's platforms answering for the cell's device.
 * ``checks``: which numeric check an accepted cell runs (``kernel_for``) and the
-  engine runner the harness calls per DCP rank (``run``).
+  engine runner the harness calls per DCP rank (``run``); ``emulation``: a CUDA
+  backend's own code on a CPU around emulated kernel libraries;
+  ``platform_check``: another platform's cell checked in that platform's child.
 * ``pools``: SGLang's own server args, pools, allocator, translator, backend and
   forward batch for one rank; ``tree``: the verify mask from SGLang's draft-tree
   code; ``model``: the DeepSeek model's absorbed-MLA attention path.

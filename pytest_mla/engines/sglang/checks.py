@@ -87,13 +87,9 @@ GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: run that reaches one is not-run naming it (``run``); on a model without a QSA indexer its forward
 #: metadata raises before that (a finding, matrix/sglang.toml).
 EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla", "qsa")
-_BACKEND_CLASS_NAMES = {"TritonAttnBackend": "triton"}
 #: Decode backends whose DSA-checkpoint cells the checks do not model: QSA's backend answers the DSA
 #: indexer's ``get_indexer_metadata`` with metadata of its own (qwen_sparse_attn_backend.py).
 DSA_UNMODELLED = ("qsa",)
-
-_FORWARD = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
-
 
 # ---- what a cell runs (called by the adapter's configure) --------------------------------------
 
@@ -485,11 +481,11 @@ class _AdapterStage:
     @staticmethod
     @contextlib.contextmanager
     def _stage(what: str) -> Iterator[None]:
-        from ...kernels.emulated.glue import OutOfContractError
+        from ...kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 
         try:
             yield
-        except (AdapterError, OutOfContractError):  # an emulation's refusal is the run's verdict, not ours
+        except (AdapterError, OutOfContractError, OutOfRangeRead):  # an emulation's refusal is the run's verdict, not ours
             raise
         except Exception as exc:
             if getattr(exc, "mla_engine_raised", False):  # SGLang's own code raised (pools marks it): a finding

@@ -1,6 +1,6 @@
 """SGLang's own pieces for one rank of a kernel check: server args, pools, backend, batch, model path.
 
-See ``sglang_backend`` for what is built and why. Everything version-specific
+See ``checks`` for what is built and why. Everything version-specific
 is detected here, by feature (a module, a function, a parameter), never by
 version number: SGLang 0.5.20 to 0.5.23 move these pieces between releases.
 """
@@ -455,11 +455,11 @@ class RankSetup:
         # in-process ranks one per rank, stated by ``activate`` as the rank's ForwardContext is
         self._fi_a2a = importlib.import_module("sglang.srt.layers.dcp.comm")
         self.activate()
-        from ...kernels.emulated.glue import OutOfContractError
+        from ...kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 
         try:
             init_fi_a2a_workspace(self.group)
-        except (AdapterError, OutOfContractError):
+        except (AdapterError, OutOfContractError, OutOfRangeRead):
             raise
         except Exception as exc:
             if not _raised_in_adapter(exc):

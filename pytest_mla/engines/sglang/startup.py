@@ -71,7 +71,7 @@ from ...core.spec import parse_spec
 from ..common import quiet as _quiet
 from ..common.gpu_steps import GpuResource, GpuStep, UnsetField, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from ..common.gpu_steps import stop_at_gpu_steps
-from ..protocol import AdapterError, Configured, UnreachableError
+from ..protocol import AdapterError, Configured, Engine, UnreachableError
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from .platforms import PLAIN_LOADS, PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, fake_import_platform, known_archs
 from .platforms import platform_fact_names, platform_facts
@@ -94,11 +94,8 @@ STUBBED_KERNEL_LIBRARIES = ("sgl_kernel", "flash_mla", "tokenspeed_mla")
 #: SGLang's JIT kernel loader: entering it compiles CUDA code for the device, a GPU step.
 JIT_LOADERS = (("sglang.kernels.jit.utils.compile.loader", "load_jit"),)
 
-#: What the kernel-execution side says by default (sglang_backend.py replaces ``kernel_for``).
-
 #: The catalogue models whose configs decide ``registered_backends``: a dense MLA model and a
 #: sparse (DSA) one, so that the sparse MLA backends (``dsa``, its alias ``nsa``) count as MLA-capable.
-MLA_PROBE_MODEL = "deepseek-v3"
 MLA_PROBE_MODELS = ("deepseek-v3", "deepseek-v3.2")
 
 _BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
@@ -244,7 +241,7 @@ class _SGLang:
         self.package_dir = os.path.dirname(os.path.abspath(importlib.import_module("sglang").__file__ or ""))
 
 
-class SGLangEngine:
+class SGLangEngine(Engine):
     """Adapter for an installed ``sglang`` (``[engine] name = "sglang"``)."""
 
     name = ENGINE

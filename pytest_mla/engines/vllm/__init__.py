@@ -3,10 +3,12 @@
 * ``startup``: start-up validation — vLLM's config objects, its attention
   selector, backend and metadata-builder construction, KV-cache spec and
   CUDA-graph resolution — with the cell's GPU faked (``VLLMEngine``), and the
-  kernel-check targets (``run_triton_mla``, ``run_triton_attn``) that make the
+  kernel-check targets (``run_mla``, ``run_attn``) that make the
   process's adapter engine before running a check.
+* ``platforms``: vLLM's own platform classes answering for the cell's device.
 * ``checks``: which numeric check an accepted cell runs and the engine runners
-  that drive vLLM's own attention layers per DCP rank.
+  that drive vLLM's own attention layers per DCP rank; ``kernel_source``: the
+  real kernel libraries on a GPU, their float64 emulations elsewhere.
 """
 
 from typing import Any

@@ -296,7 +296,8 @@ def _vllm_config(engine: Any, options: Mapping[str, Any]) -> Any:
         speculative.method = options["spec_method"]
         speculative.num_speculative_tokens = options["num_speculative_tokens"]
     attention = AttentionConfig()
-    if attention.sparse_mla_prefill_workspace_factor is None:  # VllmConfig.__post_init__ (config/vllm.py:1795-1803)
+    # the stand-in config skips VllmConfig.__post_init__, which fills this default from the max model length
+    if attention.sparse_mla_prefill_workspace_factor is None:
         attention.sparse_mla_prefill_workspace_factor = 5 if MAX_MODEL_LEN <= 256 * 1024 else 2
     return _view_of(VllmConfig, _StandInConfig)(
         model_config=model_config, parallel_config=parallel, cache_config=cache, scheduler_config=scheduler,
@@ -392,7 +393,7 @@ def _vllm_context(engine: Any, config: Any, capability: str, group: _Group | Non
         os.environ.update(NO_SYMMETRIC_MEMORY)
     holder.bind(group)
     parallel_state._DCP = holder if group is not None else None
-    if saved_tp is None:  # SparseMLACommonImpl.__init__ asks the TP group its size (sparse_mla_attention.py:758)
+    if saved_tp is None:  # a sparse impl's __init__ (SparseMLACommonImpl) asks the TP group its size: no TP group here
         parallel_state._TP = types.SimpleNamespace(world_size=config.parallel_config.tensor_parallel_size,
                                                    rank_in_group=0, device_group=None)
     torch.set_default_dtype(config.model_config.dtype)
@@ -840,7 +841,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             built = attn_group.build_metadata(common)
             prefills = getattr(built, "num_prefills", 0)
         else:
-            # a sparse builder (SparseMLACommonMetadataBuilder.build, sparse_mla_attention.py:385-390)
+            # split as the builder's own build() does: a sparse builder (SparseMLACommonMetadataBuilder)
             # asks its class's require_uniform_decodes, a dense one its query_len_support
             uniform = (builder.require_uniform_decodes if hasattr(builder, "require_uniform_decodes")
                        else builder.query_len_support != QueryLenSupport.VARLEN)
@@ -889,21 +890,12 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     return RankResult(out, None, heads if world > 1 else None, tuple(functions), notes=notes, emulated=emulated)
 
 
-def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """TRITON_MLA's check (``run_mla`` with ``backend`` TRITON_MLA), kept for the runners that name it."""
-    return run_mla(inputs, ctx, {**options, "backend": "TRITON_MLA"})
-
-
 def _combine_name(combine: Any) -> str:
     fn = getattr(combine, "func", combine)
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
 # ---- what configure() declares --------------------------------------------------------------------
-
-#: vLLM MLA backends whose kernels have no check yet: the compiled callable each decode calls.
-GPU_BACKENDS: dict[str, str] = {}
-
 
 def backend_name(path: str) -> str:
     """The ``AttentionBackendEnum`` name of the backend class vLLM selected (``path``: its qualified name)."""
@@ -921,8 +913,6 @@ ROCM_KERNELS = {
     "ROCM_AITER_TRITON_MLA": "aiter.mla.mla_decode_fwd",
     "ROCM_AITER_MLA_SPARSE": "ROCMAiterMLASparseImpl._forward_mla_aiter (aiter's sparse MLA decode)",
 }
-#: Other platforms' backends whose engine check is not written yet, and what each decodes with.
-UNCHECKED_KERNELS: dict[str, str] = {}
 #: What a sparse backend's ``forward_mqa`` runs over the indexer's top-k (Triton: interpreted here), for the
 #: record: the conversion of request-relative positions to cache rows, the sparse decode.
 SPARSE_DECODE_KERNELS = {
@@ -966,8 +956,6 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
         return _attn_spec(engine, cell, model, tp, where, name, startup), None
     if name in DECODE_FUNCTIONS and model.mla:
         return _mla_spec(engine, cell, model, tp, where, name, startup), None
-    if name in GPU_BACKENDS:
-        return gpu_backend_spec(name, cell, model, tp, where)
     return None, f"no engine check for vLLM's {name} backend on this host"
 
 
@@ -1043,8 +1031,6 @@ def other_platform_reason(name: str, arch: str, platform: str | None) -> str:
         return f"vLLM's {name} decodes with torch.ops._C.{op}; its engine check is not written yet"
     if name in ROCM_KERNELS:
         return f"vLLM's {name} decodes with {ROCM_KERNELS[name]}, which has no emulation yet"
-    if name in UNCHECKED_KERNELS:
-        return f"vLLM's {name} on the {platform} platform ({arch}) decodes with {UNCHECKED_KERNELS[name]}"
     return f"vLLM's {name} on the {platform} platform ({arch}): no engine check drives this backend yet"
 
 
@@ -1244,12 +1230,6 @@ def _construction_raises(engine: Any, options: Mapping[str, Any], capability: st
 
             _probes[key] = engine_function_of(exc, PACKAGE) is not None
     return _probes[key]
-
-
-def gpu_backend_spec(name: str, cell: Any, model: Any, tp: int, where: str) -> tuple[Any, str | None]:
-    """vLLM's MLA backends without a check here: ``not-run``, naming the callable that has no emulation."""
-    return None, (f"vLLM's {name} backend calls {GPU_BACKENDS[name]}, which has no emulation in "
-                  f"pytest_mla.kernels.emulated and no check of the real kernel yet (host: {where})")
 
 
 # ---- TRITON_ATTN (GQA models) -------------------------------------------------------------------
@@ -1481,11 +1461,6 @@ def current_platform_fp8() -> Any:
     from vllm.platforms import current_platform
 
     return current_platform.fp8_dtype()
-
-
-def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """TRITON_ATTN's check (``run_attn``), kept for the runners that name it."""
-    return run_attn(inputs, ctx, {**options, "backend": "TRITON_ATTN"})
 
 
 #: GQA backends whose cache layout is the kernel library's own (packed tiles per ISA): the check writes every

@@ -100,8 +100,8 @@ from ...core.models import ModelConfig
 from ...core.spec import parse_spec
 from ..common import quiet as _quiet
 from ..common.gpu_steps import GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
-from . import checks as vllm_backend
-from ..protocol import Configured
+from . import checks
+from ..protocol import Configured, Engine
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from .platforms import PLATFORM_CLASSES, PLATFORM_LIBRARIES, PLATFORM_LIBRARY_STUBS, FakePlatforms, known_archs
 
@@ -238,7 +238,7 @@ class Startup:
         return self.backend_cls.__name__
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """Adapter for an installed ``vllm`` (``[engine] name = "vllm"``)."""
 
     name = "vllm"
@@ -263,14 +263,14 @@ class VLLMEngine:
             os.environ["HIP_VISIBLE_DEVICES"] = ""
         self.stubs: list[str] = []
         self._setup_error: AdapterError | None = None
-        vllm_backend.prepare_environment()  # before vLLM is imported: keeps its Triton kernels on a CPU host
+        checks.prepare_environment()  # before vLLM is imported: keeps its Triton kernels on a CPU host
         try:
             self._setup()
         except AdapterError as exc:  # every cell reports it (verdict error)
             self._setup_error = exc
         except Exception as exc:  # whatever else breaks the setup is the adapter's too
             self._setup_error = self._fail("setup", f"{type(exc).__name__}: {exc}")
-        vllm_backend.adopt(self)  # the engine checks of this process run on this engine's faked platform
+        checks.adopt(self)  # the engine checks of this process run on this engine's faked platform
 
     # -- setup: find what this release provides --------------------------------------------
     def _fail(self, step: str, message: str) -> AdapterError:
@@ -544,7 +544,7 @@ class VLLMEngine:
         label = startup.backend_name
         cls = startup.backend_cls
         tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
-        kernel, kernel_reason = vllm_backend.kernel_for(self, cell, model, f"{cls.__module__}.{cls.__qualname__}", tp,
+        kernel, kernel_reason = checks.kernel_for(self, cell, model, f"{cls.__module__}.{cls.__qualname__}", tp,
                                                         startup)
         return Configured(backends={"decode": label, "prefill": label}, kernel=kernel, kernel_reason=kernel_reason,
                           notes=startup.notes)
@@ -1267,29 +1267,17 @@ def _cuda_allocations_on_meta() -> Iterator[None]:
         torch.empty = real  # type: ignore[assignment]
 
 
-#: The stand-in config class, for the kernel-check side (``vllm_backend`` never imports this module).
+#: The stand-in config class, for the kernel-check side (``checks`` never imports this module).
 VLLMEngine.stand_in_config_cls = _StandInConfig
 
 
 def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own MLA layer on the cell's backend (``vllm_backend.run_mla``)."""
-    vllm_backend.adopt_factory(VLLMEngine)
-    return vllm_backend.run_mla(inputs, ctx, options)
-
-
-def run_triton_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own TRITON_MLA path (``vllm_backend``), on this process's adapter engine."""
-    vllm_backend.adopt_factory(VLLMEngine)
-    return vllm_backend.run_triton_mla(inputs, ctx, options)
+    """``KernelSpec`` target: vLLM's own MLA layer on the cell's backend (``checks.run_mla``)."""
+    checks.adopt_factory(VLLMEngine)
+    return checks.run_mla(inputs, ctx, options)
 
 
 def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own attention layer for a GQA model (``vllm_backend.run_attn``)."""
-    vllm_backend.adopt_factory(VLLMEngine)
-    return vllm_backend.run_attn(inputs, ctx, options)
-
-
-def run_triton_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own TRITON_ATTN path (``vllm_backend``), on this process's adapter engine."""
-    vllm_backend.adopt_factory(VLLMEngine)
-    return vllm_backend.run_triton_attn(inputs, ctx, options)
+    """``KernelSpec`` target: vLLM's own attention layer for a GQA model (``checks.run_attn``)."""
+    checks.adopt_factory(VLLMEngine)
+    return checks.run_attn(inputs, ctx, options)

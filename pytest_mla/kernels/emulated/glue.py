@@ -13,16 +13,16 @@ module docstring):
   base 2.
 * An index the kernel would follow (a page id in a block table or a CSR page
   list) must lie in ``[0, num_pages)``; otherwise :func:`check_index_range`
-  raises :class:`OutOfContractError` — a GPU would read another request's
-  rows or unmapped memory, which no emulation can reproduce.
+  raises :class:`OutOfRangeRead` — a GPU would read another request's
+  rows or unmapped memory, which no emulation can reproduce: the caller's bug.
 * Errors: an argument the emulated library rejects in its own Python wrapper
   (an ``assert``, a ``ValueError``) is raised with the library's exception type
   where the emulation re-implements that wrapper; everything a kernel would
   refuse or that the emulation does not model — a layout, dtype, flag or index
   outside the contract — raises :class:`OutOfContractError` naming the flag.
   The two never mix: a driver turns ``OutOfContractError`` into a ``not-run``
-  cell, while any other exception is the engine's (its call broke the library's
-  contract) and so a finding.
+  cell, while any other exception (``OutOfRangeRead`` included) is the
+  engine's (its call broke the library's contract) and so a finding.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ __all__ = [
 LN2 = math.log(2.0)
 
 
-class OutOfContractError(Exception):
-    """An emulation was asked for a case outside the contract it models; prints as ``flag: message`` on one line."""
+class _FlagError(Exception):
+    """An emulation's error about one argument (``flag``); prints as ``flag: message`` on one line."""
 
     def __init__(self, flag: str, message: str) -> None:
         self.flag = flag
@@ -58,10 +58,16 @@ class OutOfContractError(Exception):
         super().__init__(f"{flag}: {self.message}")
 
 
-class OutOfRangeRead(OutOfContractError):
+class OutOfContractError(_FlagError):
+    """An emulation was asked for a case outside the contract it models: the emulation's limit,
+    not the caller's bug (a driver reports the cell ``not-run``)."""
+
+
+class OutOfRangeRead(_FlagError):
     """The caller handed the kernel an index it would follow outside the cache: on a GPU it reads
-    another request's rows or unmapped memory. Unlike other contract breaks this is the caller's
-    bug, not a case the emulation does not model (a driver reports it as the engine's finding)."""
+    another request's rows or unmapped memory. The opposite of ``OutOfContractError``: the
+    caller's bug, not a case the emulation does not model (a driver reports it as the engine's
+    finding). Not a subclass of it, so that ``except OutOfContractError`` never takes a finding."""
 
 
 def check_dtype(flag: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:

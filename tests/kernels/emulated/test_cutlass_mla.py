@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_mla.kernels.emulated import cutlass_mla
-from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 
 from .cases import LSE_TOL, TOL, assert_close, make_case, natural_with, poisoned, reference
 
@@ -51,7 +51,7 @@ def test_contract_violations_raise():
                                              case.block_table, None, 0.04, -1)
     table = case.block_table.clone()
     table[0, 1] = 77
-    with pytest.raises(OutOfContractError, match="^page_table: index 77"):
+    with pytest.raises(OutOfRangeRead, match="^page_table: index 77"):
         cutlass_mla.sm100_cutlass_mla_decode(torch.empty(1, 128, 512, dtype=torch.bfloat16), torch.empty(0),
                                              q[..., :512], q[..., 512:], case.kv_cache.squeeze(2), case.cache_seqlens,
                                              table, None, 0.04, -1)

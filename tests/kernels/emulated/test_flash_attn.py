@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_mla.kernels.emulated import flash_attn
-from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 from pytest_mla.kernels.inputs import gen_generator, gen_uniform_values
 from pytest_mla.kernels.reference import ref_attend, ref_merge
 
@@ -164,7 +164,7 @@ def test_out_of_range_page_raises():
     table = case.block_table.clone()
     table[0, 1] = 999
     q_rope, q_nope, k_rope, c_kv = mla_split(case)
-    with pytest.raises(OutOfContractError, match="^page_table: index 999"):
+    with pytest.raises(OutOfRangeRead, match="^page_table: index 999"):
         flash_attn.flash_attn_with_kvcache(q_rope, k_rope, c_kv, qv=q_nope, page_table=table,
                                            cache_seqlens=case.cache_seqlens)
 

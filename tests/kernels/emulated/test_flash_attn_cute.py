@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_mla.kernels.emulated import flash_attn_cute as fa4
-from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 from pytest_mla.kernels.inputs import gen_generator, gen_uniform_values
 from pytest_mla.kernels.reference import ref_attend
 
@@ -169,5 +169,5 @@ def test_out_of_range_page_raises(arch):
     q_rope, q_nope, k_rope, c_kv = mla_split(case)
     table = case.block_table.clone()
     table[0, 1] = k_rope.shape[0]  # one past the cache
-    with pytest.raises(OutOfContractError, match="page_table"):
+    with pytest.raises(OutOfRangeRead, match="page_table"):
         fa4.flash_attn_varlen_func(q_rope, k_rope, c_kv, qv=q_nope, seqused_k=case.cache_seqlens, page_table=table)

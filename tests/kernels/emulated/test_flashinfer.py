@@ -9,7 +9,7 @@ import torch
 
 from pytest_mla.kernels.compare import check_close
 from pytest_mla.kernels.emulated import flashinfer
-from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 from pytest_mla.kernels.reference import ref_merge
 
 from .cases import LOG2E, LSE_TOL, TOL, assert_close, make_case, natural_with, poisoned, rank_cache, reference
@@ -133,7 +133,7 @@ def test_wrapper_out_of_range_page_raises():
     idx[-1] = case.kv_cache.shape[0] + 5
     w = flashinfer.BatchMLAPagedAttentionWrapper(WORKSPACE)
     w.plan(qo, kv, idx, lens, 16, 512, 64, 16, False, 0.04, torch.bfloat16, torch.bfloat16)
-    with pytest.raises(OutOfContractError, match="^kv_indices: index"):
+    with pytest.raises(OutOfRangeRead, match="^kv_indices: index"):
         w.run(*split(case))
 
 
@@ -259,7 +259,7 @@ def test_trtllm_out_of_range_block_table_and_short_max_seq_len_raise():
     case = make_case([9, 70], page_size=32, seed=45)
     table = case.block_table.clone()
     table[1, 1] = 10_000
-    with pytest.raises(OutOfContractError, match="^block_tables: index 10000"):
+    with pytest.raises(OutOfRangeRead, match="^block_tables: index 10000"):
         flashinfer.trtllm_batch_decode_with_kv_cache_mla(case.q, case.kv_cache.squeeze(2), WORKSPACE, 128, 512, 64,
                                                          table, case.cache_seqlens, 70, backend="trtllm-gen")
     with pytest.raises(OutOfContractError, match="^max_seq_len: 64 is below"):

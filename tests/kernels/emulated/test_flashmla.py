@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_mla.kernels.emulated import flashmla
-from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 
 from .cases import LSE_TOL, TOL, assert_close, make_case, natural_with, poisoned, reference
 
@@ -137,11 +137,11 @@ def test_out_of_range_page_raises():
     case = make_case([70, 129], seed=9)
     table = case.block_table.clone()
     table[1, 2] = case.kv_cache.shape[0]  # the third page of a 129-token request
-    with pytest.raises(OutOfContractError, match=r"^block_table: index \d+ at 2 is outside"):
+    with pytest.raises(OutOfRangeRead, match=r"^block_table: index \d+ at 2 is outside"):
         flashmla.dense_decode_fwd(case.q, case.kv_cache, 512, case.cache_seqlens, table, case.softmax_scale, True)
     table = case.block_table.clone()
     table[0, 1] = -1  # past request 0's two pages would be fine; inside them is not
-    with pytest.raises(OutOfContractError, match="^block_table: index -1"):
+    with pytest.raises(OutOfRangeRead, match="^block_table: index -1"):
         flashmla.dense_decode_fwd(case.q, case.kv_cache, 512, case.cache_seqlens, table, case.softmax_scale, True)
 
 

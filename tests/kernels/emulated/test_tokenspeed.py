@@ -9,7 +9,7 @@ import torch
 
 from pytest_mla.kernels.compare import check_close
 from pytest_mla.kernels.emulated import tokenspeed
-from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 from pytest_mla.kernels.reference import ref_merge
 
 from .cases import LOG2E, LSE_TOL, TOL, assert_close, dense_rows, make_case, poisoned, reference
@@ -112,7 +112,7 @@ def test_what_the_emulation_does_not_model_raises_naming_the_flag():
         decode(case, local_visible_lens=torch.ones(2, 1, dtype=torch.int32))
     table = case.block_table.clone()
     table[1, 1] = case.kv_cache.shape[0]
-    with pytest.raises(OutOfContractError, match=r"^block_tables: index \d+ at 1 is outside"):
+    with pytest.raises(OutOfRangeRead, match=r"^block_tables: index \d+ at 1 is outside"):
         decode(case, table=table)
 
 

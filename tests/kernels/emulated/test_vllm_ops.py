@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pytest_mla.kernels.emulated import flash_attn, vllm_ops
-from pytest_mla.kernels.emulated.glue import OutOfContractError
+from pytest_mla.kernels.emulated.glue import OutOfContractError, OutOfRangeRead
 from pytest_mla.kernels.reference import ref_merge
 
 from .cases import TOL, assert_close, dense_rows, make_case, poisoned, reference
@@ -68,7 +68,7 @@ def test_gathers_refuse_a_block_id_outside_the_cache():
     table = case.block_table.clone()
     table[0, 2] = 10_000
     dst = poisoned((70, 576), case.kv_cache.dtype)
-    with pytest.raises(OutOfContractError, match="^block_table: index 10000"):
+    with pytest.raises(OutOfRangeRead, match="^block_table: index 10000"):
         vllm_ops.cp_gather_cache(case.kv_cache.squeeze(2), dst, table, _cu([70]), 1)
 
 
