@@ -63,3 +63,10 @@ def run_facts(pytester, name="m"):
 
 def verdicts(doc):
     return {c["id"]: c["verdict"] for c in doc["cells"]}
+
+
+#: LIAR_CONFTEST plus a backend "hang" that marks the file "hanging" and sleeps: a run to kill or to race.
+HANGS = LIAR_CONFTEST.replace('''        if cell.backend == "boom":''', '''        if cell.backend == "hang":
+            open("hanging", "w").close()
+            time.sleep(120)
+        if cell.backend == "boom":''').replace("import os\n", "import os\nimport time\n", 1)

@@ -17,7 +17,7 @@ import pytest
 from pytest_mla.report import output, results
 from pytest_mla.report.results import read_results
 
-from .helpers import LIAR_CONFTEST, matrix, verdicts
+from .helpers import HANGS, matrix, verdicts
 
 pytest_plugins = ["pytester"]
 
@@ -37,19 +37,6 @@ def _previous_report(path):
 
 def _contents(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir()}
-
-
-@pytest.fixture
-def no_hang():
-    """A run that opened a FIFO to write would block for ever: fail the test instead."""
-    def stuck(signum, frame):
-        raise TimeoutError("the run blocked (it opened the FIFO?)")
-
-    old = signal.signal(signal.SIGALRM, stuck)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 # -- 1. what is in the way is refused before the first cell --------------------------------------
@@ -187,12 +174,6 @@ def test_a_new_report_never_sits_beside_renderings_of_the_previous_run(liar, mon
 
 
 # -- 3. one run per report folder ----------------------------------------------------------------
-
-HANGS = LIAR_CONFTEST.replace('''        if cell.backend == "boom":''', '''        if cell.backend == "hang":
-            open("hanging", "w").close()
-            time.sleep(120)
-        if cell.backend == "boom":''').replace("import os\n", "import os\nimport time\n", 1)
-
 
 def test_a_second_run_into_the_same_report_folder_is_refused_naming_the_first(pytester):
     pytester.makeconftest(HANGS)

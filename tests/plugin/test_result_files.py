@@ -12,7 +12,7 @@ import time
 
 from pytest_mla.report.results import read_results
 
-from .helpers import LIAR_CONFTEST, matrix, read_report
+from .helpers import HANGS, LIAR_CONFTEST, matrix, read_report
 
 pytest_plugins = ["pytester"]
 
@@ -21,12 +21,6 @@ MANY = matrix([f"b{i}" for i in range(10)] + ["strict"], archs=("sm80", "sm90", 
     when = { backend = "strict" }
     reject = { error = "ValueError", message = "strict refuses {arch}." }
 """)
-
-HANGS = LIAR_CONFTEST.replace('''        if cell.backend == "boom":''', '''        if cell.backend == "hang":
-            open("hanging", "w").close()
-            time.sleep(120)
-        if cell.backend == "boom":''').replace("import os\n", "import os\nimport time\n", 1)
-
 
 def test_a_killed_run_leaves_every_finished_cell_readable_and_the_previous_report(pytester):
     pytester.makeconftest(HANGS)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import stat
 
 import pytest
@@ -41,19 +40,6 @@ def result(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(make_document()), encoding="utf-8")
     return path
-
-
-@pytest.fixture
-def no_hang():
-    """A command that opened a FIFO to write would block for ever: fail the test instead."""
-    def stuck(signum, frame):
-        raise TimeoutError("the command blocked (it opened the FIFO?)")
-
-    old = signal.signal(signal.SIGALRM, stuck)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def run(argv, **values):
