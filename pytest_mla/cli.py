@@ -683,16 +683,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _seconds(text: str) -> float:
     """A positive, finite number of seconds (argparse names the option when this refuses)."""
-    from .core.deadline import MAX_TIMEOUT
+    from .core.deadline import positive_seconds
 
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value <= MAX_TIMEOUT:  # NaN, inf, 0 and the negatives fail this too
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds up to {MAX_TIMEOUT:.0f}, "
-                                         f"got {text!r}")
-    return value
+        return positive_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

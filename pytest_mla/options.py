@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import pytest
 
 from .core.cells import ARCH_HINT, AXES, INT_AXES, is_arch
-from .core.deadline import MAX_TIMEOUT
+from .core.deadline import MAX_TIMEOUT, positive_seconds
 from .core.kernelspec import DCP_MODES
 from .core.sample import TIERS
 from .core.text import describe_char, first_invisible, invisible
@@ -302,13 +302,9 @@ def parse_formats(text: str, option: str = "--mla-report-format") -> tuple[str, 
 
 def parse_timeout(text: str, option: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise pytest.UsageError(f"{option}: expected seconds, got {text!r}") from None
-    if not 0 < value <= MAX_TIMEOUT:  # NaN, inf and the negatives fail this too
-        raise pytest.UsageError(f"{option}: expected a positive number of seconds up to {MAX_TIMEOUT:.0f}, "
-                                f"got {text!r}")
-    return value
+        return positive_seconds(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{option}: {exc}") from None
 
 
 def parse_cell_timeout(text: str, option: str = "--mla-cell-timeout") -> float | None:

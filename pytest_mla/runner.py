@@ -215,7 +215,7 @@ class MatrixRun:
         except AdapterError as exc:  # the adapter's own failure: never reported as the engine's refusal
             outcome = Outcome.from_exception(exc, crashed=True)
             record["traceback"] = portable_traceback(exc)
-        except getattr(engine, "refusal_errors", ()) as exc:
+        except getattr(engine, "refusal_errors", ()) as exc:  # an adapter may leave it out (registry.check_adapter)
             outcome = Outcome.from_exception(exc)
         except STEP_FAILURES as exc:  # SystemExit too: a crash of this cell, never the end of the run
             outcome = Outcome.from_exception(exc, crashed=True)

@@ -21,7 +21,7 @@ import threading
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["CellTimeout", "Deadline"]
+__all__ = ["CellTimeout", "Deadline", "MAX_TIMEOUT", "positive_seconds"]
 
 
 class CellTimeout(BaseException):
@@ -86,6 +86,18 @@ class Deadline:
 
 #: The longest timeout taken (a year): the timers behind them overflow long before ``inf``.
 MAX_TIMEOUT = 365 * 24 * 3600.0
+
+
+def positive_seconds(text: str) -> float:
+    """``text`` as a positive, finite number of seconds up to ``MAX_TIMEOUT``; ``ValueError`` (whose
+    text the caller prefixes with its option's name) otherwise. NaN, inf, 0 and negatives are refused."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= MAX_TIMEOUT:
+        raise ValueError(f"expected a positive number of seconds up to {MAX_TIMEOUT:.0f}, got {text!r}")
+    return value
 
 _HAS_ITIMER = hasattr(signal, "setitimer")
 _MAIN = threading.main_thread()

@@ -69,9 +69,13 @@ class UnreachableError(AdapterError):
 STEP_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
 
+def failure_message(exc: BaseException) -> str:
+    """``exc``'s message; a ``SystemExit``'s says that ``sys.exit(code)`` was called (its ``str`` is
+    the bare code)."""
+    return f"sys.exit({exc.code!r}) was called" if isinstance(exc, SystemExit) else str(exc)
+
+
 def describe_failure(exc: BaseException) -> str:
-    """``Type: message`` on one line; ``SystemExit`` says it was ``sys.exit(code)``."""
-    if isinstance(exc, SystemExit):
-        return f"SystemExit: sys.exit({exc.code!r}) was called"
-    text = " ".join(str(exc).split())
+    """``Type: message`` on one line."""
+    text = " ".join(failure_message(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -9,6 +9,7 @@ import dataclasses
 import re
 from typing import Any
 
+from .errors import failure_message
 from .rules import Expectation
 from .text import describe_char, invisible, visible
 
@@ -35,8 +36,7 @@ class Outcome:
     def from_exception(cls, exc: BaseException, *, crashed: bool = False) -> "Outcome":
         mro = tuple(c.__name__ for c in type(exc).__mro__ if c not in (BaseException, object))
         qual = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__)
-        message = f"sys.exit({exc.code!r}) was called" if isinstance(exc, SystemExit) else str(exc)
-        return cls(CRASHED if crashed else REJECTED, type(exc).__name__, message, mro + qual)
+        return cls(CRASHED if crashed else REJECTED, type(exc).__name__, failure_message(exc), mro + qual)
 
     def describe(self) -> str:
         if self.kind == ACCEPTED:
