@@ -66,6 +66,8 @@ def unwritable_file(path: str) -> str | None:
     target = Path(path)
     if target.is_dir():
         return "it is a folder"
+    if target.exists() and not target.is_file():  # a FIFO would hang the append, a device take it
+        return "it is not a regular file"
     if target.exists():
         return None if os.access(target, os.W_OK) else "permission denied"
     parent = target.parent if str(target.parent) else Path(".")

@@ -12,6 +12,7 @@ import os
 from typing import Any, Mapping
 
 from .diff import Change, diff_documents
+from .output import open_append
 
 #: GitHub refuses a step summary over 1 MiB (and shows none of it).
 STEP_SUMMARY_LIMIT = 1024 * 1024
@@ -58,7 +59,7 @@ def append_step_summary(markdown: str, path: str | os.PathLike[str] | None = Non
         data = cut + note if len(cut) + len(note) <= room else b""
         if not data:
             return False
-    with open(path, "ab") as f:
+    with open_append(path) as f:  # a FIFO or device there is an OSError, never a wait
         f.write(data)
     return True
 

@@ -123,6 +123,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *,
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash leaves the old file or the new one
         os.chmod(tmp, mode & ~_umask())  # mkstemp makes 0600; a report is an ordinary file
         replace_file(tmp, path, inputs)
     except BaseException:
@@ -152,6 +154,29 @@ def open_fresh(path: str | os.PathLike[str]) -> IO[bytes]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, 0o666)
     return os.fdopen(fd, "wb", buffering=0)
+
+
+def open_append(path: str | os.PathLike[str]) -> IO[bytes]:
+    """``path`` opened to append (created if absent), refused unless it is a regular file: a FIFO is
+    never waited on, a folder or device is an ``OSError`` naming what is there."""
+    try:
+        _regular_or_refuse(os.stat(path).st_mode, path)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o666)  # non-blocking: a FIFO put there since is ENXIO, not a wait
+    try:
+        _regular_or_refuse(os.fstat(fd).st_mode, path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _regular_or_refuse(mode: int, path: str | os.PathLike[str]) -> None:
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, f"not a regular file ({_kind(mode)})", os.fspath(path))
 
 
 def remove_file(path: str | os.PathLike[str]) -> bool:

@@ -148,6 +148,7 @@ class ResultStream:
                 self._pos = self._comma_at
                 self._write(b"\n")
             self._write(('],\n"end":' + _pretty(dict(run_end)) + "}\n").encode("utf-8"))
+            os.fsync(self._file.fileno())  # on disk before it replaces the report: a crash leaves one or the other
         finally:
             self.close()
         if self.partial != self.path:

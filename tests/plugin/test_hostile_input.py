@@ -4,6 +4,7 @@ disk from an engine or a user, every option and variable at its extremes, every 
 author writes, characters a reader cannot see, every output path that cannot be written."""
 
 import json
+import os
 
 import pytest
 
@@ -120,6 +121,8 @@ def test_a_lone_surrogate_in_an_engine_message_loses_no_cell(shady):
      "GITHUB_STEP_SUMMARY: cannot append the run's summary to '{tmp}/no/such/folder/summary.md': "
      "no folder '{tmp}/no/such/folder'"),
     ("GITHUB_STEP_SUMMARY", "{tmp}", "GITHUB_STEP_SUMMARY: cannot append the run's summary to '{tmp}': it is a folder"),
+    ("GITHUB_STEP_SUMMARY", "{tmp}/summary.fifo",  # made below: an append would wait for a reader forever
+     "GITHUB_STEP_SUMMARY: cannot append the run's summary to '{tmp}/summary.fifo': it is not a regular file"),
 ])
 @pytest.mark.parametrize("verbose", [[], ["-v"]])
 def test_a_garbage_environment_variable_is_one_line_before_any_cell(liar, monkeypatch, name, value, message, verbose):
@@ -127,7 +130,10 @@ def test_a_garbage_environment_variable_is_one_line_before_any_cell(liar, monkey
     if name != "PYTEST_MLA_HOST_ARCH":
         monkeypatch.setenv("PYTEST_MLA_HOST_ARCH", "sm90")  # what the GPU count goes with
     monkeypatch.setenv(name, value.format(tmp=liar.path))
-    result = liar.runpytest_subprocess("--mla-matrix=m.toml", *verbose)
+    if value.endswith(".fifo"):
+        (liar.path / "summary.fifo").unlink(missing_ok=True)
+        os.mkfifo(value.format(tmp=liar.path))
+    result = liar.runpytest_subprocess("--mla-matrix=m.toml", *verbose, timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: " + message.format(tmp=liar.path)])
     _no_traceback(result)

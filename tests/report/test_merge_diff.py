@@ -212,3 +212,30 @@ def test_an_incomplete_old_run_is_named_and_its_missing_cells_are_new(tmp_path, 
     captured = capsys.readouterr()
     assert f"{po} is incomplete (interrupted: 10 of {len(good['cells'])} cells reported): cells it lacks show as new" \
         in captured.err
+
+
+def test_step_summary_refuses_what_is_not_a_regular_file(tmp_path):
+    """A FIFO with no reader is refused at once (an append would wait forever), a folder too; the
+    summary of a regular file next to them still lands."""
+    import os
+    import threading
+
+    fifo = tmp_path / "summary.fifo"
+    os.mkfifo(fifo)
+    outcome = {}
+
+    def append():
+        try:
+            append_step_summary("x\n", fifo)
+        except OSError as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=append, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "appending to a FIFO blocked"
+    assert "not a regular file (a FIFO)" in str(outcome.get("error"))
+    with pytest.raises(OSError):
+        append_step_summary("x\n", tmp_path)
+    plain = tmp_path / "plain.md"
+    assert append_step_summary("ok\n", plain) and plain.read_text(encoding="utf-8") == "ok\n"
