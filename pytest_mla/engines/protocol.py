@@ -20,8 +20,8 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-__all__ = ["AdapterError", "Configured", "Engine", "KernelSpec", "OPTIONAL_STEPS", "UnreachableError",
-           "optional_step"]
+__all__ = ["AdapterError", "Configured", "ENGINE_PACKAGE_MODULES", "Engine", "KernelSpec", "OPTIONAL_STEPS",
+           "UnreachableError", "optional_step"]
 
 from ..core.cells import Cell
 from ..core.errors import AdapterError, UnreachableError
@@ -98,3 +98,22 @@ def optional_step(engine: Any, name: str) -> Callable[..., Any]:
         raise ValueError(f"{name!r} is not an optional step of Engine (those are: {', '.join(OPTIONAL_STEPS)})")
     own = getattr(engine, name, None)
     return own if own is not None else functools.partial(getattr(Engine, name), engine)
+
+
+#: The modules of a real engine's adapter package (``engines/sglang``, ``engines/vllm``), each one job;
+#: every such package has exactly these (``tests/test_architecture.py``), so a third engine starts from
+#: the same template and a reader who knows one package knows where to look in the other.
+ENGINE_PACKAGE_MODULES = {
+    "__init__": "the adapter class, imported lazily (importing the package imports no engine)",
+    "adapter": "the Engine subclass: configure a cell, the engine's refusals, metadata, known archs",
+    "startup": "the engine's own start-up code, run on a faked GPU up to its first GPU step",
+    "platforms": "the engine's platform classes, answering for the cell's device and arch",
+    "platform_check": "the kernel check of another platform's cell, in that platform's child process",
+    "backends": "one record per attention backend: its kernels and their emulations, its check, its level",
+    "emulation": "where a check's kernels come from: the real libraries on a GPU, emulations elsewhere",
+    "model": "the model's attention layer a check runs through",
+    "batch": "a check's requests as the engine holds them: cache contents, slots, speculative inputs",
+    "rank": "one DCP rank of a check: the engine's objects built, its call run, its outputs read",
+    "checks": "a kernel check: which kernels a cell runs, whether they can run here, every rank run",
+    "support": "small pieces the package's modules share (it imports none of them)",
+}
