@@ -53,6 +53,69 @@ def test_what_it_cannot_build_is_one_line(model, heads, message):
         small_config(model, heads=heads)
 
 
+def test_a_quantization_it_cannot_write_is_refused_before_any_work(tmp_path):
+    from pytest_mla.engines.common.independent_model import write_checkpoint
+
+    config = small_config("deepseek-v3", heads=8, quantized=True)
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    with pytest.raises(ValueError, match="only DeepSeek's fp8 e4m3 block format is written"):
+        write_checkpoint(config, tmp_path, seed=1)
+    assert not any(tmp_path.iterdir())
+
+
+_FP8_SCRIPT = r"""
+import json, sys, tempfile
+import torch
+from safetensors.torch import load_file
+from pytest_mla.engines.common.independent_model import small_config, write_checkpoint, reference_logits
+
+plain = write_checkpoint(small_config("deepseek-v3", heads=8), tempfile.mkdtemp(), seed=3)
+fp8 = write_checkpoint(small_config("deepseek-v3", heads=8, quantized=True), tempfile.mkdtemp(), seed=3)
+w, q = load_file(plain / "model.safetensors"), load_file(fp8 / "model.safetensors")
+out = {"dtypes": {k: str(v.dtype) for k, v in q.items()}, "shapes": {k: list(v.shape) for k, v in q.items()}}
+worst = 0.0
+for name, scale in q.items():
+    if not name.endswith("weight_scale_inv"):
+        continue
+    weight = name.removesuffix("_scale_inv")
+    # the test's own dequantization: each 128x128 block of values times its scale
+    s = scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    deq = q[weight].double() * s[: q[weight].shape[0], : q[weight].shape[1]]
+    ref = w[weight].double()
+    bound = 2.0 ** -4 * ref.abs() + 2.0 ** -9 * s[: ref.shape[0], : ref.shape[1]]
+    worst = max(worst, float(((deq - ref).abs() / bound).max()))
+out["worst"] = worst
+ids = [5, 17, 300, 2, 2, 99, 511, 0, 42, 64]
+a, b = reference_logits(plain, ids), reference_logits(fp8, ids)
+out["cos"] = float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+out["differ"] = float((a - b).abs().max())
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_the_fp8_checkpoint_is_deepseeks_block_format(tmp_path):
+    python = venv_python(".venv-sglang")
+    run = subprocess.run([str(python), "-c", _FP8_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.split("RESULT ", 1)[1])
+    dtypes, shapes = out["dtypes"], out["shapes"]
+    attn = "model.layers.0.self_attn."
+    for proj, rows in (("q_a_proj", 1536), ("q_b_proj", 8 * 192), ("kv_a_proj_with_mqa", 576),
+                       ("kv_b_proj", 8 * 256), ("o_proj", 256)):
+        assert dtypes[f"{attn}{proj}.weight"] == "torch.float8_e4m3fn", proj
+        assert dtypes[f"{attn}{proj}.weight_scale_inv"] == "torch.float32", proj
+        cols = 1536 if proj == "q_b_proj" else 512 if proj == "kv_b_proj" else 1024 if proj == "o_proj" else 256
+        assert shapes[f"{attn}{proj}.weight_scale_inv"] == [-(-rows // 128), -(-cols // 128)], proj
+    assert dtypes["model.layers.1.mlp.experts.0.gate_proj.weight"] == "torch.float8_e4m3fn"
+    for unquantized in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight",
+                        f"{attn}q_a_layernorm.weight"):
+        assert dtypes[unquantized] == "torch.bfloat16", unquantized
+        assert unquantized.replace("weight", "weight_scale_inv") not in dtypes
+    assert 0 < out["worst"] <= 1.0  # every weight within e4m3's rounding of the bf16 one, none exact by luck
+    assert out["cos"] > 0.99 and out["differ"] > 0  # the reference computes with the quantized weights
+
+
 _SCRIPT = r"""
 import hashlib, json, sys, tempfile
 import torch
