@@ -32,6 +32,8 @@ from typing import Sequence
 
 import torch
 
+from .reference import ref_gather
+
 __all__ = [
     "DISCRIMINATING",
     "DTYPES",
@@ -557,7 +559,5 @@ def _fp8_scale(cache: torch.Tensor, kv_scale: float | str | None, kind: str) -> 
 
 
 def _dequantised_rows(cache: torch.Tensor, block_table_row: torch.Tensor, n: int, scale: float | None) -> torch.Tensor:
-    page_size = cache.shape[1]
-    pages = block_table_row[: -(-n // page_size)].long()
-    rows = cache[pages].reshape(-1, *cache.shape[2:])[:n].to(torch.float64)
+    rows = ref_gather(cache, block_table_row, n).to(torch.float64)
     return rows * scale if scale is not None else rows
