@@ -1,6 +1,6 @@
 """Where the compiled kernels of a vLLM MLA check come from: the real libraries on a GPU, float64 emulations elsewhere.
 
-The driver (``checks.run_mla``) is the same code either way: it builds vLLM's
+The driver (``rank.run_mla``) is the same code either way: it builds vLLM's
 layer, metadata builder, cache and DCP group and calls
 ``MLAAttention.forward_impl``. Only the innermost compiled calls differ:
 
@@ -51,9 +51,9 @@ DECODE_CALLS: dict[str, tuple[str, ...]] = {
     "CPU_MLA": ("torch.ops._C:mla_decode_kvcache",),
     # AMX CPUs: the impl packs its absorption weights, MLAAttention absorbs / de-absorbs with bmm_cpu
     "AMX_MLA": ("torch.ops._C:convert_weight_packed", "torch.ops._C:bmm_cpu", "torch.ops._C:decode_attention_cpu"),
-    # GQA models (``checks.run_attn``)
+    # GQA models (``rank.run_attn``)
     "TRITON_ATTN": (),
-    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
+    # ROCm: Triton (``backends.attn_kernels``); where vLLM picks its HIP paged attention instead, not-run
     "ROCM_ATTN": (),
     "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
     # the CPU platform: its builder schedules, the model runner's cache update writes, the impl attends
@@ -99,7 +99,7 @@ _REAL_OPS = {
     "XPU_MLA_SPARSE": (),
     "FLASHMLA_SPARSE": (("_flashmla_C", "sparse_prefill_fwd"), ("_flashmla_C", "sparse_decode_fwd")),
     "TRITON_ATTN": (),
-    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
+    # ROCm: Triton (``backends.attn_kernels``); where vLLM picks its HIP paged attention instead, not-run
     "ROCM_ATTN": (),
     "FLASH_ATTN": (("_vllm_fa3_C", "fwd"),),
 }
@@ -200,7 +200,7 @@ _buffers = SharedScope("vllm checks")
 
 
 @contextlib.contextmanager
-def kernel_source(level: str, names: tuple[str, ...]) -> Iterator[Any]:
+def emulated_kernels(level: str, names: tuple[str, ...]) -> Iterator[Any]:
     """For the block: the emulations of ``names`` at level ``emulated`` (yields their call log), else nothing."""
     if level != "emulated" or not names:
         yield None
