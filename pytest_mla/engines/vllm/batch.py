@@ -220,7 +220,7 @@ def spec_tokens(cell: Any) -> tuple[int, str | None]:
 
 
 def write_split_tokens(cache: Any, slots: Any, k: Any, v: Any, block: int, kv_scale: float | None) -> None:
-    """Token ``t`` at slot ``s`` into a split K/V cache ``[2, blocks, block, kv_heads * head_size]`` (``SPLIT_KV_IMPLS``).
+    """Token ``t`` at slot ``s`` into a split K/V cache ``[2, blocks, block, kv_heads * head_size]`` (``Backend.split_kv_cache``).
 
     Where ``PagedAttention.split_kv_cache`` reads it: K ``[s // block, h, :, s % block, :]`` of the
     ``[blocks, kv_heads, head_size // x, block, x]`` view, V ``[s // block, h, :, s % block]`` of

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import emulation
-from .backends import ATTN_FUNCTIONS, COMPILATION_BLIND, CPU_OPS
+from .backends import backend
 from .batch import spec_tokens
-from .model import build_mla_layer, gqa_config, mla_config
+from .model import backend_class, build_mla_layer, gqa_config, mla_config
 from .platform_check import other_platform_reason, platform_options, runs_here, unchecked_path_reason
 from .rank import DcpGroup, vllm_context
 from .support import LAYER_NAME, PACKAGE, stand_in_guard
@@ -58,14 +58,15 @@ def kernel_for(engine: Any, cell: Any, model: Any, path: str, tp: int,
         if not runs_here(engine, name, platform):
             return None, other_platform_reason(name, cell.arch, platform)
         return _platform_spec(engine, cell, model, tp, name, platform, startup)
-    if name in CPU_OPS:  # a CPU backend forced on a CUDA arch: its ops exist in a CPU build of vllm._C only
-        return None, (f"vLLM's {name} on a CUDA arch ({cell.arch}) calls torch.ops._C.{CPU_OPS[name]} (and, for "
+    record = backend(name)
+    if record.cpu_op:  # a CPU backend forced on a CUDA arch: its ops exist in a CPU build of vllm._C only
+        return None, (f"vLLM's {name} on a CUDA arch ({cell.arch}) calls torch.ops._C.{record.cpu_op} (and, for "
                       "AMX_MLA, convert_weight_packed when its weights load), which only a CPU build of vllm._C "
                       "registers: not checked here (a CUDA build would raise AttributeError; a candidate finding)")
     where = ensure_triton_mode()
-    if name in ATTN_FUNCTIONS and not model.mla:
+    if record.runner == "attn" and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup), None
-    if name in emulation.DECODE_FUNCTIONS and model.mla:
+    if record.runner == "mla" and model.mla:
         return _mla_spec(engine, cell, model, tp, where, name, startup), None
     return None, f"no engine check for vLLM's {name} backend on this host"
 
@@ -101,7 +102,7 @@ def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platf
 
     where = ensure_triton_mode()
     extra = platform_options(cell, platform)
-    if name in ATTN_FUNCTIONS and not model.mla:
+    if backend(name).runner == "attn" and not model.mla:
         return _attn_spec(engine, cell, model, tp, where, name, startup, extra=extra), None
     path = _path_of(cell, startup)
     reason = unchecked_path_reason(name, cell.arch, platform, path)
@@ -144,7 +145,7 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
     path = _path_of(cell, startup)
     options["backend"] = name
     options["path"] = path
-    if name not in COMPILATION_BLIND:
+    if not backend(name).compilation_blind:
         _startup_compilation(options, startup)
     calls = emulation.calls_of(name, path, (extra or {}).get("platform"))
     if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
@@ -163,7 +164,7 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
         options["capability"] = capability
     options["level"] = level
     function = emulation.prefill_function(name, options.get("platform")) if path == "prefill" \
-        else emulation.DECODE_FUNCTIONS[name]
+        else backend(name).function
     dcp = options["dcp"]
     case = (("h_q", model.num_heads // tp * dcp), ("page_size", options["block_size"]),
             ("kv_dtype", _KV_DTYPES.get(options["cache_dtype"], options["cache_dtype"])), ("min_seqlen", 1))
@@ -196,12 +197,13 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
                "head_dim": model.head_dim, "tp": tp, "block_size": int(cell.page_size),
                "cache_dtype": str(cell.kv_dtype or "auto"), "num_speculative_tokens": tokens, "spec_method": method,
                "backend": name, "dcp": max(cell.dcp, 1)}
+    record = backend(name)
     level = "backend"
     if extra:  # another platform's cell: it runs under its own arch (``_platform_spec``)
         options.update(extra)
         if emulation.calls_of(name, "decode", extra["platform"]):  # a CPU build's ops: not in this vllm._C
             level = "emulated"
-    elif name == "TRITON_ATTN":
+    elif record.compilation_blind:  # Triton: runs here, one case for every arch its construction accepts
         capability = _capability_of(cell.arch)
         if _attn_construction_raises(engine, options, capability):
             options["capability"] = capability
@@ -214,26 +216,26 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
     case = (("h_q", model.num_heads // tp * options["dcp"]), ("page_size", options["block_size"]),
             ("kv_dtype", _KV_DTYPES.get(options["cache_dtype"], options["cache_dtype"])), ("min_seqlen", 1))
     return KernelSpec(name=name, target=ATTN_RUNNER, protocol="engine", level=level,
-                      function=ATTN_FUNCTIONS[name], package=PACKAGE, returns_lse=False, tree_mask=False,
+                      function=record.function, package=PACKAGE, returns_lse=False, tree_mask=False,
                       dcp_positions=False, options=tuple(sorted(options.items())), case=case)
 
 
 def _attn_construction_raises(engine: Any, options: Mapping[str, Any], capability: str) -> bool:
-    """Whether vLLM raises building the TRITON_ATTN layer under ``capability`` (cached; no kernel runs)."""
+    """Whether vLLM raises building the GQA layer of ``options["backend"]`` under ``capability`` (cached; no kernel runs)."""
     from ...core.errors import AdapterError
 
     key = ("attn", capability, tuple(sorted(options.items())))
     if key not in _probes:
         from vllm.model_executor.layers.attention.attention import Attention
-        from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 
         config = gqa_config(engine, options)
         heads = options["num_heads"] // options["tp"]
         kv_heads = max(1, options["num_kv_heads"] // options["tp"])
+        backend_cls = backend_class(options["backend"])
         try:
             with stand_in_guard(), vllm_context(engine, config, capability, None):
                 Attention(num_heads=heads, head_size=options["head_dim"], scale=1.0, num_kv_heads=kv_heads,
-                          cache_config=config.cache_config, prefix=LAYER_NAME, attn_backend=TritonAttentionBackend)
+                          cache_config=config.cache_config, prefix=LAYER_NAME, attn_backend=backend_cls)
             _probes[key] = False
         except AdapterError:
             raise

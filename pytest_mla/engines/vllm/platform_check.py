@@ -14,21 +14,12 @@ import re
 from typing import Any, Iterator, Mapping
 
 from . import emulation
-from .backends import CPU_OPS, ROCM_KERNELS
+from .backends import backend
 from .support import PACKAGE
 
-#: Backends of another platform whose check runs in that platform's child process (the
-#: child imported vLLM on it: ``engines/common/platform_process.py``), on the cell's arch.
-#: XPU's TRITON_ATTN loads its KV tiles through Triton tensor descriptors (``use_td``, on by default
-#: there), which the interpreter runs as masked loads (``interpreter.int1_mask_fix`` passes them through).
-PLATFORM_CHECKS = {"rocm": ("TRITON_MLA", "TRITON_ATTN", "ROCM_ATTN", "XPU_MLA_SPARSE", "FLASHMLA_SPARSE"),
-                   "xpu": ("TRITON_MLA", "TRITON_ATTN", "XPU_MLA_SPARSE"),
-                   "cpu": ("CPU_MLA", "AMX_MLA", "CPU_ATTN")}
-
-
 def runs_here(engine: Any, name: str, platform: str) -> bool:
-    """Whether this process is ``platform``'s child and drives ``name`` there (``PLATFORM_CHECKS``)."""
-    return platform == getattr(engine, "platform", "cuda") and name in PLATFORM_CHECKS.get(platform, ())
+    """Whether this process is ``platform``'s child and drives ``name`` there (``Backend.platforms``)."""
+    return platform == getattr(engine, "platform", "cuda") and platform in backend(name).platforms
 
 
 def platform_options(cell: Any, platform: str) -> dict[str, str]:
@@ -39,7 +30,7 @@ def platform_options(cell: Any, platform: str) -> dict[str, str]:
 def unchecked_path_reason(name: str, arch: str, platform: str, path: str) -> str | None:
     """Why ``name``'s MLA ``path`` on ``platform`` runs no check here (its compiled calls are that platform's), or None."""
     if emulation.calls_of(name, path, platform) and path != "decode" \
-            and (platform, name) not in emulation.PLATFORM_PREFILL:
+            and platform not in backend(name).own_prefill:
         return (f"vLLM's {name} on the {platform} platform ({arch}) sends these rows to its MLA "
                 f"{path} path ({emulation.PREFILL_FUNCTION if path == 'prefill' else path}), "
                 + emulation.platform_prefill_reason(platform))
@@ -59,16 +50,17 @@ def platform_notes(options: Mapping[str, Any]) -> tuple[str, ...]:
 
 def other_platform_reason(name: str, arch: str, platform: str | None) -> str:
     """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
-    if name in CPU_OPS:
+    record = backend(name)
+    if record.cpu_op:
         import torch
 
-        op = CPU_OPS[name]
+        op = record.cpu_op
         if not hasattr(torch.ops._C, op):
             return (f"vLLM's {name} decodes with torch.ops._C.{op}, which this host does not have "
                     "(the installed vllm._C is not a CPU build)")
         return f"vLLM's {name} decodes with torch.ops._C.{op}; its engine check is not written yet"
-    if name in ROCM_KERNELS:
-        return f"vLLM's {name} decodes with {ROCM_KERNELS[name]}, which has no emulation yet"
+    if record.unemulated_kernel:
+        return f"vLLM's {name} decodes with {record.unemulated_kernel}, which has no emulation yet"
     return f"vLLM's {name} on the {platform} platform ({arch}): no engine check drives this backend yet"
 
 

@@ -26,9 +26,7 @@ import types
 from typing import Any, Iterator, Mapping
 
 from ..common.shared_scope import SharedScope
-from . import emulation
-from .backends import (ATTN_FUNCTIONS, CACHE_WRITING_IMPLS, SPARSE_DCP_DECODE_KERNELS,
-                       SPARSE_DECODE_KERNELS, SPLIT_KV_IMPLS, attn_kernels)
+from . import backends, emulation
 from .batch import (dense_rows, fill_topk, impl_writes_tokens, nan_cache, new_tokens, rank_cache, rank_slots,
                     write_split_tokens, write_tokens)
 from .model import backend_class, build_mla_layer, gqa_config, load_latent_kv_b_proj, mla_config, set_kv_scales
@@ -355,11 +353,9 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
                 functions.append(f"{type(layer.prefill_backend).__module__}:"
                                  f"{type(layer.prefill_backend).__qualname__}")
         else:
-            functions.append(emulation.DECODE_FUNCTIONS[backend])
-            if backend == "TRITON_MLA":
-                functions.append("vllm.v1.attention.ops.triton_decode_attention:decode_attention_fwd")
-            functions.extend(SPARSE_DCP_DECODE_KERNELS.get(backend, ()) if world > 1
-                             else SPARSE_DECODE_KERNELS.get(backend, ()))
+            record = backends.backend(backend)
+            functions.append(record.function)
+            functions.extend(record.decode_kernels(dcp=world > 1))
             if world > 1:
                 functions.append(_combine_name(layer.dcp_manager.combine))
         emulated = tuple(log.called) if log is not None else ()
@@ -379,11 +375,11 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     ``TritonAttentionImpl.forward`` runs ``unified_attention`` (Triton);
     ``FlashAttentionImpl.forward`` calls flash-attention's varlen kernel,
     emulated at level ``emulated`` (``emulation``); CPU_ATTN's cache is
-    written by its own ``do_kv_cache_update`` (``CACHE_WRITING_IMPLS``), its
+    written by its own ``do_kv_cache_update`` (``Backend.cache_writers``), its
     builder schedules and ``CPUAttentionBackendImpl.forward`` attends, the
     three ``torch.ops._C`` ops emulated; ``RocmAttentionImpl.forward`` (ROCm's
-    child) reads a split K/V cache (``SPLIT_KV_IMPLS``) through
-    ``chunked_prefill_paged_decode`` (``backends.attn_kernels``).
+    child) reads a split K/V cache (``Backend.split_kv_cache``) through
+    ``chunked_prefill_paged_decode`` (``Backend.attn_kernels``).
     """
     engine = prepare_process()  # before vLLM's modules bind ``current_platform`` (see run_mla)
     import torch
@@ -416,7 +412,8 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         block = config.cache_config.block_size
         table, slots = rank_slots(inputs, block, rank, world, ctx.interleave)
         # TRITON_ATTN, FLASH_ATTN read [num_blocks, num_kv_heads, block_size, 2 * head_size] (K and V side by side).
-        split = backend in SPLIT_KV_IMPLS
+        record = backends.backend(backend)
+        split = record.split_kv_cache
         if split:
             if kernel_block != block:
                 raise AdapterError("kernel check", f"vLLM's {backend} splits the cell's blocks of {block} into kernel "
@@ -428,7 +425,7 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             seqlens = [int(n) for n in inputs.cache_seqlens.tolist()]
             k = torch.cat([dense_rows(inputs.kv_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
             v = torch.cat([dense_rows(inputs.v_cache, inputs.block_table, i, n) for i, n in enumerate(seqlens)])
-            if backend in CACHE_WRITING_IMPLS:
+            if record.cache_writers:
                 impl_writes_tokens(layer, cache, slots, k, v, inputs, kernel_block != block)
             elif split:
                 write_split_tokens(cache, slots, k, v, block, inputs.kv_scale)
@@ -470,17 +467,16 @@ def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         # Attention.forward hands the impl its output as [tokens, heads, head_size], in the model's dtype.
         output = torch.full((b * s_q, h, d), math.nan, dtype=q.dtype, device=device)
         # Attention.forward's first step (model_executor/layers/attention/attention.py, 0.34.0:537-552):
-        # an FP8 cache's query is quantised by the layer when the impl takes quantised queries. Not for
-        # TRITON_ATTN here: Triton's interpreter cannot multiply fp8 operands (the query is exact in
-        # the cache's format, so its values are those a quantised query has).
-        if backend != "TRITON_ATTN" and layer.query_quant is not None and layer.impl.supports_quant_query_input \
+        # an FP8 cache's query is quantised by the layer when the impl takes quantised queries (not where
+        # the check cannot run that: ``Backend.unquantised_query``).
+        if not record.unquantised_query and layer.query_quant is not None and layer.impl.supports_quant_query_input \
                 and q.dtype != current_platform_fp8():
             q, _ = layer.query_quant(q, layer._q_scale)
         with platform_ops_missing(options):
             layer.impl.forward(layer, q, key, value, cache, metadata, output)
         emulated = tuple(log.called) if log is not None else ()
         notes = tuple(host) + platform_notes(options)
-    functions = (ATTN_FUNCTIONS[backend],) + attn_kernels(backend, s_q) + CACHE_WRITING_IMPLS.get(backend, ())
+    functions = (record.function,) + record.attn_kernels(s_q) + record.cache_writers
     if world > 1:
         functions += ("vllm.v1.attention.backends.flash_attn:FlashAttentionImpl._forward_with_dcp",)
     return RankResult(output.view(b, s_q, h, d), None, heads if world > 1 else None, functions, notes=notes,
