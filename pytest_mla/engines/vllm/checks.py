@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..common.process_group import DcpGroup
 from . import emulation
 from .backends import backend
 from .batch import spec_tokens
 from .model import backend_class, build_mla_layer, gqa_config, mla_config
 from .platform_check import other_platform_reason, platform_options, runs_here, unchecked_path_reason
-from .rank import DcpGroup, vllm_context
+from .rank import vllm_context
 from .support import LAYER_NAME, PACKAGE, stand_in_guard
 
 #: The runners, in the adapter's module: a process running one makes its engine first (``adapter.run_mla``).

@@ -11,9 +11,9 @@ classes as prefills, ``forward_mha``. The rank returns its heads. ``run_attn``
 does the same for GQA models with vLLM's ``Attention`` layer. Which compiled
 calls are real and which are float64 emulations is ``emulation``'s business.
 
-The DCP group is a stand-in for vLLM's ``GroupCoordinator`` over the
-harness's collectives: ranks taking turns in this process, or real gloo
-processes.
+The DCP group is the engines' one stand-in for a ``GroupCoordinator``
+(``engines/common/process_group.py``) over the harness's collectives: ranks
+taking turns in this process, or real gloo processes.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 import types
 from typing import Any, Iterator, Mapping
 
+from ..common.process_group import DcpGroup, PerThread, ThreadBound, torch_collectives_in_process
 from ..common.shared_scope import SharedScope
 from . import backends, emulation
 from .batch import (dense_rows, fill_topk, impl_writes_tokens, nan_cache, new_tokens, rank_cache, rank_slots,
@@ -33,11 +33,6 @@ from .model import backend_class, build_mla_layer, gqa_config, load_latent_kv_b_
 from .platform_check import platform_notes, platform_ops_missing
 from .support import DEFAULT_CAPABILITY, LAYER_NAME, current_platform_fp8, prepare_process, stand_in_guard
 
-#: Guards the reference counts of the process-wide patches below (rank threads enter and leave them).
-_lock = threading.RLock()
-#: The DCP group each rank thread sees as ``parallel_state._DCP`` (made once).
-_dcp_holder: dict[str, Any] = {}
-
 #: vLLM's switches for its direct symmetric-memory DCP paths (NVLS multicast on CUDA), off on a
 #: CPU host: there it takes the path it takes on any GPU node without multicast memory
 #: (``GroupCoordinator.all_gather`` of the query, AG + RS combine).
@@ -45,145 +40,41 @@ NO_SYMMETRIC_MEMORY = {"VLLM_USE_DIRECT_DCP_Q_GATHER": "0", "VLLM_USE_DIRECT_DCP
                        "VLLM_USE_DIRECT_DCP_A2A": "0"}
 
 
-# ---- the DCP group -----------------------------------------------------------------------------
-
-
-class DcpGroup:
-    """What vLLM's MLA DCP path asks of a ``GroupCoordinator``, over the harness's collectives."""
-
-    def __init__(self, collectives: Any, device: Any) -> None:
-        self._c = collectives
-        self.world_size = collectives.world
-        self.rank_in_group = collectives.rank
-        self.rank = collectives.rank
-        self.ranks = list(range(collectives.world))
-        self.device = device
-        group = collectives.process_group
-        self.device_group = group if group is not None or collectives.world == 1 else _InProcessGroup(collectives)
-        self.cpu_group = self.device_group
-        self.unique_name = "dcp:pytest-mla"
-
-    def all_gather(self, input_: Any, dim: int = -1) -> Any:
-        import torch
-
-        if self.world_size == 1:
-            return input_
-        return torch.cat(self._c.all_gather(input_.contiguous()), dim=dim)
-
-    def reduce_scatter(self, input_: Any, dim: int = -1) -> Any:
-        if self.world_size == 1:
-            return input_
-        total = self._c.all_reduce(input_.contiguous())
-        return total.chunk(self.world_size, dim=dim)[self.rank_in_group].contiguous()
-
-    def all_reduce(self, input_: Any) -> Any:
-        return input_ if self.world_size == 1 else self._c.all_reduce(input_.contiguous())
-
-
-class _InProcessGroup:
-    """The ``device_group`` of in-process ranks: what ``torch.distributed`` calls name as ``group=``.
-
-    vLLM's MLA prefill gathers the DCP ranks' context with
-    ``torch.distributed.all_gather_into_tensor(out, local, group=dcp.device_group)``
-    (``MLADCPManager.init_kv_gather``); ``torch_collectives_in_process`` routes
-    such a call to the harness's collectives, as NCCL would route it to the ranks.
-    """
-
-    def __init__(self, collectives: Any) -> None:
-        self.collectives = collectives
-
-
-_torch_patch = {"count": 0, "original": None}
-
-
-@contextlib.contextmanager
-def torch_collectives_in_process() -> Iterator[None]:
-    """``torch.distributed.all_gather_into_tensor`` on an ``_InProcessGroup`` runs on its collectives (refcounted)."""
-    import torch
-    import torch.distributed as dist
-
-    def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Any:
-        if not isinstance(group, _InProcessGroup):
-            return _torch_patch["original"](output_tensor, input_tensor, group=group, async_op=async_op)
-        output_tensor.copy_(torch.cat(group.collectives.all_gather(input_tensor.contiguous()), dim=0))
-        return None
-
-    with _lock:
-        if _torch_patch["count"] == 0:
-            _torch_patch["original"] = dist.all_gather_into_tensor
-            dist.all_gather_into_tensor = all_gather_into_tensor
-        _torch_patch["count"] += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _torch_patch["count"] -= 1
-            if _torch_patch["count"] == 0:
-                dist.all_gather_into_tensor = _torch_patch["original"]
-
-
-class _ThreadWorkspaces:
-    """``vllm.v1.worker.workspace._manager`` while checks run: one ``WorkspaceManager`` per rank thread.
-
-    vLLM makes one per worker process (``init_workspace_manager``, called by
-    the GPU worker); in-process ranks taking turns would otherwise share its
-    scratch buffers across a collective (FLASH_ATTN's DCP context output).
-    """
-
-    def __init__(self, device: Any) -> None:
-        self._device = device
-        self._local = threading.local()
-
-    def __getattr__(self, name: str) -> Any:
-        manager = getattr(self._local, "manager", None)
-        if manager is None:
-            from vllm.v1.worker.workspace import WorkspaceManager
-
-            manager = self._local.manager = WorkspaceManager(self._device)
-        return getattr(manager, name)
-
-
-_workspaces = {"count": 0, "saved": None}
+#: ``parallel_state._DCP`` while checks run: each rank thread sees its own DCP group.
+_rank_dcp_group = ThreadBound()
+#: Each rank thread's own vLLM ``WorkspaceManager`` while checks run (``rank_workspaces``).
+_workspaces = SharedScope("vllm checks")
 
 
 @contextlib.contextmanager
 def rank_workspaces(device: Any) -> Iterator[None]:
-    """Each rank thread has its own vLLM ``WorkspaceManager`` on ``device`` (refcounted over the ranks)."""
+    """``vllm.v1.worker.workspace._manager`` while checks run: one ``WorkspaceManager`` on ``device`` per rank thread.
+
+    vLLM makes one per worker process (``init_workspace_manager``, called by
+    the GPU worker); in-process ranks taking turns would otherwise share its
+    scratch buffers across a collective (FLASH_ATTN's DCP context output).
+    Shared by the ranks of a check: the first installs it, the last puts
+    vLLM's back.
+    """
+    with _workspaces.enter("workspaces", lambda: _per_thread_workspaces(device)):
+        yield
+
+
+@contextlib.contextmanager
+def _per_thread_workspaces(device: Any) -> Iterator[None]:
     import vllm.v1.worker.workspace as workspace
 
-    with _lock:
-        if _workspaces["count"] == 0:
-            _workspaces["saved"] = workspace._manager
-            workspace._manager = _ThreadWorkspaces(device)
-        _workspaces["count"] += 1
+    saved = workspace._manager
+    workspace._manager = PerThread(lambda: workspace.WorkspaceManager(device))
     try:
         yield
     finally:
-        with _lock:
-            _workspaces["count"] -= 1
-            if _workspaces["count"] == 0:
-                workspace._manager = _workspaces["saved"]
-
-
-class _ThreadGroup:
-    """``parallel_state._DCP`` while checks run: each rank thread sees its own group."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def bind(self, group: DcpGroup | None) -> None:
-        self._local.group = group
-
-    def __getattr__(self, name: str) -> Any:
-        group = getattr(self._local, "group", None)
-        if group is None:
-            raise AttributeError(name)
-        return getattr(group, name)
+        workspace._manager = saved
 
 
 @contextlib.contextmanager
 def vllm_context(engine: Any, config: Any, capability: str, group: DcpGroup | None,
-                  arch: str | None = None) -> Iterator[None]:
+                 arch: str | None = None) -> Iterator[None]:
     """vLLM's process-wide state for one rank: arch, DCP group, current config, model dtype.
 
     ``arch`` (a cell of another platform, in its child process): the platform
@@ -193,10 +84,6 @@ def vllm_context(engine: Any, config: Any, capability: str, group: DcpGroup | No
     import vllm.distributed.parallel_state as parallel_state
     from vllm.config import set_current_vllm_config
 
-    with _lock:
-        holder = _dcp_holder.get("dcp")
-        if holder is None:
-            holder = _dcp_holder["dcp"] = _ThreadGroup()
     platforms = engine.vllm.platforms
     on_arch = _platform_on(platforms, arch) if arch is not None else contextlib.nullcontext()
     if arch is None:
@@ -209,8 +96,8 @@ def vllm_context(engine: Any, config: Any, capability: str, group: DcpGroup | No
     saved_env = {name: os.environ.get(name) for name in NO_SYMMETRIC_MEMORY}
     if group is not None and group.device.type == "cpu":
         os.environ.update(NO_SYMMETRIC_MEMORY)
-    holder.bind(group)
-    parallel_state._DCP = holder if group is not None else None
+    _rank_dcp_group.bind(group)
+    parallel_state._DCP = _rank_dcp_group if group is not None else None
     if saved_tp is None:  # a sparse impl's __init__ (SparseMLACommonImpl) asks the TP group its size: no TP group here
         parallel_state._TP = types.SimpleNamespace(world_size=config.parallel_config.tensor_parallel_size,
                                                    rank_in_group=0, device_group=None)
@@ -227,7 +114,7 @@ def vllm_context(engine: Any, config: Any, capability: str, group: DcpGroup | No
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        holder.bind(None)
+        _rank_dcp_group.bind(None)
 
 
 #: One ``platforms.on(arch)`` for all rank threads of a check (refcounted): a rank leaving must not put the

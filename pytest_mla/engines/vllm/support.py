@@ -29,7 +29,7 @@ _lock = threading.RLock()
 
 #: An ``AttributeError`` naming one of the package's stand-ins: vLLM read something the stand-in
 #: lacks, the adapter's fault (``AdapterError``), never the engine's.
-_STAND_IN = re.compile(r"'(\w+View|SimpleNamespace|StandInConfig|DcpGroup|_InProcessGroup|_ThreadGroup|_NoCollectives)' object has no "
+_STAND_IN = re.compile(r"'(\w+View|SimpleNamespace|StandInConfig|DcpGroup|InProcessGroup|ThreadBound|_NoCollectives)' object has no "
                        r"attribute")
 
 
