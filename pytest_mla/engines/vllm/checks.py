@@ -2,7 +2,7 @@
 
 ``kernel_for`` turns the backend vLLM's start-up selected for a cell
 (``startup.Startup``) into the check the harness runs: the runner (``RUNNER``
-for MLA models, ``ATTN_RUNNER`` for GQA ones, both in ``rank``), the options
+for MLA models, ``ATTN_RUNNER`` for GQA ones: ``rank.run_mla``, ``rank.run_attn``), the options
 the rank needs to rebuild vLLM's layer, the path vLLM's builder sends the
 cell's rows to, and the level (``backend``: the real kernels; ``emulated``:
 ``emulation``'s float64 stand-ins). Or why the cell runs no check here.
@@ -87,7 +87,6 @@ def _path_of(cell: Any, startup: Any) -> str:
         # no threshold: the builder splits nothing (XPUMLASparseMetadataBuilder decodes every token)
         return "decode"
     return "prefill" if s_q > startup.builder.reorder_batch_threshold else "decode"
-#: Backends of another platform whose check runs in that platform's child process (the
 
 
 def _platform_spec(engine: Any, cell: Any, model: Any, tp: int, name: str, platform: str,

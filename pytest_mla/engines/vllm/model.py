@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
+from .startup import StandInConfig
 from .support import LAYER_NAME, MAX_MODEL_LEN
 
 # ---- vLLM's configuration for one check ---------------------------------------------------------
@@ -22,7 +23,6 @@ def mla_config(engine: Any, options: Mapping[str, Any]) -> Any:
                              ParallelConfig, SpeculativeConfig, VllmConfig)
 
     from ...core.models import ModelConfig
-    from .startup import StandInConfig
     from ...kernels.inputs import DTYPES
 
     model = ModelConfig(options["model"], True, options["num_heads"], 1, options["kv_lora_rank"],
@@ -248,7 +248,6 @@ def gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
 
     from ...core.models import ModelConfig
-    from .startup import StandInConfig
 
     model = ModelConfig(options["model"], False, options["num_heads"], options["num_kv_heads"],
                         head_dim=options["head_dim"])

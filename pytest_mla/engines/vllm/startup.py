@@ -245,6 +245,7 @@ class VLLMStartup:
 
     # -- setup: find what this release provides --------------------------------------------
     def fail(self, step: str, message: str) -> AdapterError:
+        """The adapter's own failure at ``step`` on this release (verdict ``error``, never a refusal)."""
         return AdapterError(step, message, engine="vllm", version=self.version)
 
     def _find(self, step: str, what: str, candidates: tuple[str, ...]) -> Any:
