@@ -19,8 +19,7 @@ from .support import LAYER_NAME, MAX_MODEL_LEN
 
 def mla_config(engine: Any, options: Mapping[str, Any]) -> Any:
     """The sections of a ``VllmConfig`` the layer, its impl and its builder read: vLLM's own classes."""
-    from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, KernelConfig, SchedulerConfig,
-                             ParallelConfig, SpeculativeConfig, VllmConfig)
+    from vllm.config import AttentionConfig, CacheConfig, KernelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     from ...core.models import ModelConfig
     from ...kernels.inputs import DTYPES
@@ -35,11 +34,7 @@ def mla_config(engine: Any, options: Mapping[str, Any]) -> Any:
     cache = CacheConfig(block_size=options["block_size"], cache_dtype=options["cache_dtype"])
     scheduler = SchedulerConfig(max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False)
     compilation = compilation_config(options)
-    speculative = None
-    if options["num_speculative_tokens"]:
-        speculative = _view_of(SpeculativeConfig)()
-        speculative.method = options["spec_method"]
-        speculative.num_speculative_tokens = options["num_speculative_tokens"]
+    speculative = _speculative_config(options)
     attention = AttentionConfig()
     # the stand-in config skips VllmConfig.__post_init__, which fills this default from the max model length
     if attention.sparse_mla_prefill_workspace_factor is None:
@@ -48,6 +43,18 @@ def mla_config(engine: Any, options: Mapping[str, Any]) -> Any:
         model_config=model_config, parallel_config=parallel, cache_config=cache, scheduler_config=scheduler,
         compilation_config=compilation, attention_config=attention, kernel_config=KernelConfig(),
         speculative_config=speculative)
+
+
+def _speculative_config(options: Mapping[str, Any]) -> Any:
+    """The cell's speculative method and token count in a ``SpeculativeConfig`` view (None without speculation)."""
+    if not options["num_speculative_tokens"]:
+        return None
+    from vllm.config import SpeculativeConfig
+
+    speculative = _view_of(SpeculativeConfig)()
+    speculative.method = options["spec_method"]
+    speculative.num_speculative_tokens = options["num_speculative_tokens"]
+    return speculative
 
 
 def compilation_config(options: Mapping[str, Any]) -> Any:
@@ -244,8 +251,7 @@ def set_kv_scales(layer: Any, kv_scale: float | None) -> None:
 
 
 def gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
-    from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, KernelConfig, ParallelConfig,
-                             SchedulerConfig, SpeculativeConfig, VllmConfig)
+    from vllm.config import AttentionConfig, CacheConfig, KernelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     from ...core.models import ModelConfig
 
@@ -259,11 +265,7 @@ def gqa_config(engine: Any, options: Mapping[str, Any]) -> Any:
     parallel.set_dcp_defaults()
     cache = CacheConfig(block_size=options["block_size"], cache_dtype=options["cache_dtype"])
     compilation = compilation_config(options)
-    speculative = None
-    if options["num_speculative_tokens"]:
-        speculative = _view_of(SpeculativeConfig)()
-        speculative.method = options["spec_method"]
-        speculative.num_speculative_tokens = options["num_speculative_tokens"]
+    speculative = _speculative_config(options)
     return _view_of(VllmConfig, StandInConfig)(
         model_config=model_config, parallel_config=parallel, cache_config=cache,
         scheduler_config=SchedulerConfig(max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False),
