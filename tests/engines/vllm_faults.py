@@ -65,7 +65,7 @@ Faults (what a buggy release could ship):
   ``topk_length`` one short (the conversion's valid count miscounted: the last
   compacted entry is dropped). The sparse-index faults above reach
   FLASHMLA_SPARSE through its index group's conversion (``index_group.py``).
-* ``indexer-drops-newest``: the check's stand-in indexer (``checks._fill_topk``)
+* ``indexer-drops-newest``: the check's stand-in indexer (``batch.fill_topk``)
   leaves each query token's newest selected position out of the buffer (an
   indexer that never selects the token being decoded).
 * ``triton-td-off`` (not a fault): ``VLLM_TRITON_USE_TD=0`` for the check,
@@ -315,13 +315,13 @@ def _flashmla_sparse_topk_length_short(original: Any) -> Any:
 
 
 def _indexer_drops_newest(original: Any) -> Any:
-    def _fill_topk(layer, topk_indices, num_tokens):
+    def fill_topk(layer, topk_indices, num_tokens):
         import torch
 
         newest = topk_indices.max(-1, keepdim=True).values  # [b, s_q, 1]
         return original(layer, torch.where(topk_indices == newest, -1, topk_indices), num_tokens)
 
-    return _fill_topk
+    return fill_topk
 
 
 FAULTS = {
@@ -353,7 +353,7 @@ FAULTS = {
                                    "triton_convert_req_index_to_global_index", _sparse_slot_shift(-1)),
     "sparse-scale-x1.05": ("vllm.v1.attention.ops.xpu_mla_sparse", "triton_bf16_mla_sparse_interface",
                            _sparse_scale_fault),
-    "indexer-drops-newest": ("pytest_mla.engines.vllm.checks", "_fill_topk", _indexer_drops_newest),
+    "indexer-drops-newest": ("pytest_mla.engines.vllm.batch", "fill_topk", _indexer_drops_newest),
     "flashmla-sparse-scale-x1.05": ("vllm.v1.attention.backends.mla.flashmla_sparse", "flash_mla_sparse_fwd",
                                     _flashmla_sparse_scale_fault),
     "flashmla-sparse-topk-length-short": ("vllm.v1.attention.backends.mla.flashmla_sparse", "flash_mla_sparse_fwd",
@@ -377,21 +377,21 @@ def library_present() -> Iterator[None]:
     """
     import torch
 
-    from pytest_mla.engines.vllm import kernel_source
+    from pytest_mla.engines.vllm import emulation
     from pytest_mla.kernels.emulated import flashmla
 
     namespace = torch.ops._flashmla_C
-    saved_missing = kernel_source.real_kernels_missing
+    saved_missing = emulation.real_kernels_missing
     saved_capability = torch.cuda.get_device_capability
     # a GPU host is an sm90 one: vLLM's FlashMLA support check asks torch for the device it runs on
     torch.cuda.get_device_capability = lambda device=None: (9, 0)
-    kernel_source.real_kernels_missing = lambda backend, path, where, capability: (
+    emulation.real_kernels_missing = lambda backend, path, where, capability: (
         None if backend == "FLASHMLA" and path == "decode" else "not this backend")
     namespace.dense_decode_fwd = flashmla.dense_decode_fwd
     try:
         yield
     finally:
-        kernel_source.real_kernels_missing = saved_missing
+        emulation.real_kernels_missing = saved_missing
         torch.cuda.get_device_capability = saved_capability
         del namespace.dense_decode_fwd
 
@@ -414,21 +414,21 @@ def injected(fault: str) -> Iterator[None]:
                 os.environ["VLLM_TRITON_USE_TD"] = saved
         return
     if fault == "library-present":
-        from pytest_mla.engines.vllm import checks
+        from pytest_mla.engines.vllm import support
         from pytest_mla.engines.vllm import VLLMEngine
 
-        checks.adopt_factory(VLLMEngine)
-        checks.prepare_process()
+        support.adopt_factory(VLLMEngine)
+        support.prepare_process()
         with library_present():
             yield
         return
     import importlib
 
-    from pytest_mla.engines.vllm import checks
+    from pytest_mla.engines.vllm import support
     from pytest_mla.engines.vllm import VLLMEngine
 
-    checks.adopt_factory(VLLMEngine)  # a rank process has no engine yet: make it as the runner would
-    checks.prepare_process()  # the Triton mode and the engine's import, as the runner does
+    support.adopt_factory(VLLMEngine)  # a rank process has no engine yet: make it as the runner would
+    support.prepare_process()  # the Triton mode and the engine's import, as the runner does
     module_name, attr, make = FAULTS[fault]
     for binder in BINDERS:
         with contextlib.suppress(ImportError):  # a platform child lacks some (flashinfer's on ROCm / XPU)
@@ -450,7 +450,7 @@ def injected(fault: str) -> Iterator[None]:
 
 def run(inputs: Any, ctx: Any, options: Any) -> Any:
     """The MLA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (for distributed ranks, platform children)."""
-    from pytest_mla.engines.vllm.startup import run_mla
+    from pytest_mla.engines.vllm.adapter import run_mla
 
     with injected(options.get("fault") or os.environ.get(FAULT_ENV, "none")):
         return run_mla(inputs, ctx, options)
@@ -458,7 +458,7 @@ def run(inputs: Any, ctx: Any, options: Any) -> Any:
 
 def run_attn(inputs: Any, ctx: Any, options: Any) -> Any:
     """The GQA runner with the fault named in ``PYTEST_MLA_VLLM_FAULT`` (platform children)."""
-    from pytest_mla.engines.vllm.startup import run_attn as run_attn_here
+    from pytest_mla.engines.vllm.adapter import run_attn as run_attn_here
 
     with injected(options.get("fault") or os.environ.get(FAULT_ENV, "none")):
         return run_attn_here(inputs, ctx, options)
@@ -478,11 +478,11 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
     want = {"model": model, "backend": backend, "dcp": dcp, "spec": spec, "arch": (arch or ["sm90"])[0],
             "kv_dtype": kv, "page_size": page}
     cell = next(c for c in matrix.cells() if all(c.coords.get(k) == v for k, v in want.items()))
-    from pytest_mla.engines.vllm import checks as vllm_checks
+    from pytest_mla.engines.vllm import support as vllm_support
 
     # one engine per process, as the plugin has: its faked platform is the one vLLM's current_platform is
-    vllm_checks.adopt_factory(VLLMEngine)
-    configured = vllm_checks.prepare_process().configure(cell, matrix.models[model])
+    vllm_support.adopt_factory(VLLMEngine)
+    configured = vllm_support.prepare_process().configure(cell, matrix.models[model])
     kernel = configured.kernel
     assert kernel is not None, configured.kernel_reason
     if wrapped:
@@ -491,7 +491,7 @@ def check(case_id: str, *, dtype: str, dcp_mode: str, wrapped: bool) -> dict[str
         kernel = dataclasses.replace(kernel, target=target, options=kernel.options + (("fault", os.environ[FAULT_ENV]),))
     case = harness.case_for(cell.coords, matrix.models[model], seed=0, dtype=dtype, overrides=dict(kernel.case))
     # another platform's cell: its check runs in that platform's child process, as in a matrix run
-    elsewhere = vllm_checks.prepare_process().run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode,
+    elsewhere = vllm_support.prepare_process().run_check(case, kernel, where="interpreter", dcp_mode=dcp_mode,
                                                           timeout_s=300)
     if elsewhere is not None:
         return elsewhere

@@ -77,7 +77,6 @@ verdict ``error``, never the engine's refusal.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import copy
 import dataclasses
@@ -91,22 +90,15 @@ import os
 import sys
 import types
 import warnings
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
-from ...core.cells import Cell, platform_of
+from ...core.cells import Cell
 from ...core.errors import AdapterError, UnreachableError
 from ...core.models import ModelConfig
 from ...core.spec import parse_spec
 from ..common import quiet as _quiet
 from ..common.gpu_steps import GpuStep, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
-from . import checks
-from ..protocol import Configured, Engine
-from ..common.platform_process import PLATFORM_ENV, PlatformProcess
-from .platforms import PLATFORM_CLASSES, PLATFORM_LIBRARIES, PLATFORM_LIBRARY_STUBS, FakePlatforms, known_archs
-
-if importlib.util.find_spec("vllm") is None:  # the registry turns this into "unavailable"
-    raise ImportError("vllm is not installed in this environment", name="vllm")
+from .platforms import PLATFORM_LIBRARIES, PLATFORM_LIBRARY_STUBS, FakePlatforms
 
 from ..common import MODEL_CONFIGS
 
@@ -203,9 +195,8 @@ PRELOADED_PACKAGES = ("vllm.v1.attention", "vllm.model_executor.layers.attention
 DEFAULT_SECTIONS = (("device_config", "DeviceConfig"), ("profiler_config", "ProfilerConfig"),
                     ("offload_config", "OffloadConfig"))
 #: ``_ModelInfo`` fields the start-up reads, as the registry answers them for decoder-only text
-#: transformers (DeepSeek-V2/V3, Kimi-K2, Llama, Qwen2): see ``VLLMEngine._model_info``.
+#: transformers (DeepSeek-V2/V3, Kimi-K2, Llama, Qwen2): see ``VLLMStartup._model_info``.
 MODEL_INFO = {"is_hybrid": False}
-#: Why no decode kernel is checked for an accepted cell (``engines/vllm/checks.py`` will).
 
 
 @dataclasses.dataclass
@@ -213,7 +204,7 @@ class Startup:
     """What vLLM built for a cell, up to the first step that needs a GPU.
 
     The facts a kernel check of the accepted configuration needs
-    (``engines/vllm/checks.py``): the selected backend class, the target
+    (``checks``): the selected backend class, the target
     layer (its ``impl`` is the constructed impl), the stand-in vLLM config
     the layer and builders saw, the KV-cache spec, the block sizes and the KV
     dtype, the target's metadata builder (on the ``meta`` device) and the
@@ -238,42 +229,23 @@ class Startup:
         return self.backend_cls.__name__
 
 
-class VLLMEngine(Engine):
-    """Adapter for an installed ``vllm`` (``[engine] name = "vllm"``)."""
+class VLLMStartup:
+    """The installed vLLM imported on a faked platform (``setup``), and its start-up run per cell (``startup``).
 
-    name = "vllm"
-    #: vLLM refuses with ``ValueError`` (selector, config layer, prefill selection, impls),
-    #: asserts (KV dtypes, DCP LSE, impl requirements) and ``NotImplementedError`` (impls).
-    refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError, NotImplementedError)
+    One per process, owned by the adapter (``adapter.VLLMEngine.vllm``); the
+    kernel checks read the faked platforms (``platforms``) and the model
+    views (``model_view``) from it.
+    """
 
-    def __init__(self, platform: str | None = None) -> None:
-        try:
-            self.version = importlib.metadata.version("vllm")
-        except importlib.metadata.PackageNotFoundError:
-            self.version = "unknown"
-        #: The platform this process fakes (``cuda`` unless it is a child for another one: the cells
-        #: of other platforms go to a child each, see ``engines/common/platform_process.py``).
-        self.platform = platform or os.environ.get(PLATFORM_ENV) or "cuda"
-        self._children: dict[str, PlatformProcess] = {}
-        self._lifetime = contextlib.ExitStack()
-        if self.platform == "rocm" and "HIP_VISIBLE_DEVICES" not in os.environ:
-            # vllm.triton_utils keeps Triton without an active GPU driver only when the platform's
-            # visible-devices variable is set and empty (HIP_VISIBLE_DEVICES on ROCm); see
-            # checks.prepare_environment for CUDA_VISIBLE_DEVICES.
-            os.environ["HIP_VISIBLE_DEVICES"] = ""
+    def __init__(self, platform: str, version: str) -> None:
+        self.platform = platform
+        self.version = version
         self.stubs: list[str] = []
-        self._setup_error: AdapterError | None = None
-        checks.prepare_environment()  # before vLLM is imported: keeps its Triton kernels on a CPU host
-        try:
-            self._setup()
-        except AdapterError as exc:  # every cell reports it (verdict error)
-            self._setup_error = exc
-        except Exception as exc:  # whatever else breaks the setup is the adapter's too
-            self._setup_error = self._fail("setup", f"{type(exc).__name__}: {exc}")
-        checks.adopt(self)  # the engine checks of this process run on this engine's faked platform
+        self._lifetime = contextlib.ExitStack()
 
     # -- setup: find what this release provides --------------------------------------------
-    def _fail(self, step: str, message: str) -> AdapterError:
+    def fail(self, step: str, message: str) -> AdapterError:
+        """The adapter's own failure at ``step`` on this release (verdict ``error``, never a refusal)."""
         return AdapterError(step, message, engine="vllm", version=self.version)
 
     def _find(self, step: str, what: str, candidates: tuple[str, ...]) -> Any:
@@ -291,9 +263,10 @@ class VLLMEngine(Engine):
             if hasattr(module, attr):
                 return getattr(module, attr)
             tried.append(f"{candidate} (no attribute {attr!r})")
-        raise self._fail(step, f"{what} not found; tried {'; '.join(tried)}")
+        raise self.fail(step, f"{what} not found; tried {'; '.join(tried)}")
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Stub what this host lacks, fake the platform, import vLLM; ``AdapterError`` naming what is missing."""
         from ..common.import_stubs import install_stubs
 
         import torch
@@ -323,7 +296,7 @@ class VLLMEngine(Engine):
                 if self.platform == "cuda":
                     self._register_compiled_ops()
                 with _cuda_allocations_on_meta():
-                    self._preload_failures = self._platforms.preload(PRELOADED_PACKAGES)
+                    self._preload_failures = self.platforms.preload(PRELOADED_PACKAGES)
 
     @contextlib.contextmanager
     def _feature_answers(self) -> Iterator[None]:
@@ -380,9 +353,9 @@ class VLLMEngine(Engine):
         platforms = self._find("platform", "vllm.platforms", ("vllm.platforms",))
         capability = self._find("platform", "DeviceCapability", ("vllm.platforms.interface:DeviceCapability",))
         # before anything binds current_platform:
-        self._platforms = FakePlatforms(platforms, capability, self._fail, self._find, self.platform)
-        self._platform = self._platforms.instance
-        self._platform_cls = self._platforms.cls
+        self.platforms = FakePlatforms(platforms, capability, self.fail, self._find, self.platform)
+        self._platform = self.platforms.instance
+        self._platform_cls = self.platforms.cls
         self._capability = capability
 
     def _setup_imports(self) -> None:
@@ -403,7 +376,7 @@ class VLLMEngine(Engine):
         self._default_sections = {section: getattr(config_module, cls_name) for section, cls_name in DEFAULT_SECTIONS
                                   if hasattr(config_module, cls_name)}
         self._set_config = find("import", "set_current_vllm_config", (f"{config}:set_current_vllm_config",))
-        self._enum = find("import", "the attention backend enum",
+        self.enum = find("import", "the attention backend enum",
                           ("vllm.v1.attention.backends.registry:AttentionBackendEnum",
                            "vllm.attention.backends.registry:AttentionBackendEnum"))
         find("import", "the attention selector module", ("vllm.v1.attention.selector",))
@@ -439,7 +412,7 @@ class VLLMEngine(Engine):
         self._parallel_state = find("import", "vllm.distributed.parallel_state",
                                     ("vllm.distributed.parallel_state",))
         if not hasattr(self._parallel_state, "_DCP"):
-            raise self._fail("import", "vllm.distributed.parallel_state has no _DCP group")
+            raise self.fail("import", "vllm.distributed.parallel_state has no _DCP group")
         self._require_signature("import", self._check_cp, ("vllm_config", "target_layer_names"))
         self._require_signature("import", self._init_attn_backend,
                                 ("kv_cache_config", "vllm_config", "device", "active_layer_names",
@@ -447,17 +420,17 @@ class VLLMEngine(Engine):
         model_config_cls = self._config_classes["ModelConfig"]
         for method in ("verify_with_parallel_config", "get_model_arch_config", "get_head_size"):
             if not callable(getattr(model_config_cls, method, None)):
-                raise self._fail("import", f"vllm.config.ModelConfig has no {method}()")
+                raise self.fail("import", f"vllm.config.ModelConfig has no {method}()")
         self._post_init_steps = []
         for names in POST_INIT_STEPS:
             present = [n for n in names if callable(getattr(self._config_classes["VllmConfig"], n, None))]
             if not present:
-                raise self._fail("import", f"vllm.config.VllmConfig has none of {', '.join(names)}()")
+                raise self.fail("import", f"vllm.config.VllmConfig has none of {', '.join(names)}()")
             self._post_init_steps.append(present[0])
         self._compilation_defaults = self._find_compilation_defaults()
         self._gpu_steps = self._find_gpu_steps()
         self._model_view_cls = type("ModelConfigView", (_ModelConfigView,), {"vllm_cls": model_config_cls})
-        self._config_view_cls = type("VllmConfigView", (_StandInConfig,),
+        self._config_view_cls = type("VllmConfigView", (StandInConfig,),
                                      {"vllm_cls": self._config_classes["VllmConfig"]})
         self._model_views: dict[str, Any] = {}
 
@@ -474,11 +447,11 @@ class VLLMEngine(Engine):
         level = _field_default_of(self._config_classes["VllmConfig"], "optimization_level")
         mode = self._find("import", "CompilationMode", ("vllm.config.compilation:CompilationMode",))
         if levels is None or level is _NO_MEMBER or level not in levels:
-            raise self._fail("import", "vllm.config.vllm has no OPTIMIZATION_LEVEL_TO_CONFIG for the default "
+            raise self.fail("import", "vllm.config.vllm has no OPTIMIZATION_LEVEL_TO_CONFIG for the default "
                                        "optimization_level")
         cudagraph_mode = levels[level].get("compilation_config", {}).get("cudagraph_mode")
         if cudagraph_mode is None:
-            raise self._fail("import", f"optimization level {level!r} sets no cudagraph_mode")
+            raise self.fail("import", f"optimization level {level!r} sets no cudagraph_mode")
         return {"mode": mode.VLLM_COMPILE, "cudagraph_mode": cudagraph_mode, "custom_ops": ["none"]}
 
     def _find_gpu_steps(self) -> list[tuple[Any, str, str]]:
@@ -509,62 +482,24 @@ class VLLMEngine(Engine):
         parameters = inspect.signature(function).parameters
         missing = [n for n in names if n not in parameters]
         if missing:
-            raise self._fail(step, f"{function.__module__}.{function.__qualname__} takes no {', '.join(missing)} "
+            raise self.fail(step, f"{function.__module__}.{function.__qualname__} takes no {', '.join(missing)} "
                                    f"(parameters: {', '.join(parameters)})")
 
-    # -- per cell ---------------------------------------------------------------------------
-    def configure(self, cell: Cell, model: ModelConfig) -> Configured:
-        platform = platform_of(cell.arch)
-        if platform != self.platform and platform is not None:
-            return self._child(platform).configure(cell, model)
-        startup = self.startup(cell, model)
-        return self._configured(cell, model, startup)
-
-    def run_check(self, case: Any, spec: Any, *, where: str, dcp_mode: str, timeout_s: float) -> Any:
-        """A check declared by another platform's child runs in that child (None: in this process)."""
-        platform = spec.option_map.get("platform") if spec.protocol == "engine" else None
-        if platform is None or platform == self.platform:
-            return None
-        return self._child(platform).run_check(case, spec, where=where, dcp_mode=dcp_mode, timeout_s=timeout_s)
-
-    def _child(self, platform: str) -> PlatformProcess:
-        """The adapter of this release built for ``platform``, in its own process (started once)."""
-        if self._setup_error is not None:
-            raise self._setup_error
-        if platform not in known_platforms():
-            raise self._fail("platform", f"vLLM {self.version} has no platform class for {platform!r}")
-        child = self._children.get(platform)
-        if child is None:
-            child = self._children[platform] = PlatformProcess(f"{__name__}:VLLMEngine", platform, engine="vllm",
-                                                               version=self.version)
-        return child
-
-    def _configured(self, cell: Cell, model: ModelConfig, startup: Startup) -> Configured:
-        """The accepted cell's record, with the check of vLLM's own backend (``engines/vllm/checks.py``)."""
-        label = startup.backend_name
-        cls = startup.backend_cls
-        tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
-        kernel, kernel_reason = checks.kernel_for(self, cell, model, f"{cls.__module__}.{cls.__qualname__}", tp,
-                                                        startup)
-        return Configured(backends={"decode": label, "prefill": label}, kernel=kernel, kernel_reason=kernel_reason,
-                          notes=startup.notes)
 
     def startup(self, cell: Cell, model: ModelConfig) -> Startup:
         """vLLM's start-up for the cell, in its order; raises the engine's own error to refuse."""
-        if self._setup_error is not None:
-            raise self._setup_error
         spec = parse_spec(cell.spec)
         if spec.enabled and spec.topk > 1:
-            raise self._fail("spec", f"{cell.spec!r}: vLLM's SpeculativeConfig has no draft tree (topk); "
+            raise self.fail("spec", f"{cell.spec!r}: vLLM's SpeculativeConfig has no draft tree (topk); "
                                      "only chains (eagle-1xK, mtp-K) can be configured")
-        with self._platforms.on(cell.arch), _environ_restored():
+        with self.platforms.on(cell.arch), _environ_restored():
             return self._startup(cell, model, spec)
 
     def _startup(self, cell: Cell, model: ModelConfig, spec: Any) -> Startup:
         tp = cell.tp if cell.tp is not None else max(cell.dcp, 1)
         with _quiet.quiet(), self._stand_ins_report("config"):
             parallel = self._parallel_config(tp, cell.dcp)
-            model_config = self._model_view(model)
+            model_config = self.model_view(model)
             vllm_config = self._vllm_config(cell, model_config, parallel,
                                             num_speculative_tokens=spec.steps if spec.enabled else None,
                                             method=SPEC_METHODS[spec.algorithm] if spec.enabled else None)
@@ -705,7 +640,7 @@ class VLLMEngine(Engine):
                            ("vllm.model_executor.models.deepseek_v2",))
         indexer_cls = getattr(model, "Indexer", None)
         if indexer_cls is None:
-            raise self._fail("attention layer", "vllm.model_executor.models.deepseek_v2 has no Indexer")
+            raise self.fail("attention layer", "vllm.model_executor.models.deepseek_v2 has no Indexer")
         torch = self._torch
         with torch.device(BUILDER_DEVICE):  # weights and buffers as shapes
             buffer = torch.empty(vllm_config.scheduler_config.max_num_batched_tokens, hf.index_topk,
@@ -775,7 +710,7 @@ class VLLMEngine(Engine):
                         draft_decode_context_parallel_size=parallel.decode_context_parallel_size)
         for name, value in required.items():
             if name not in names:
-                raise self._fail("config", f"SpeculativeConfig has no field {name!r}")
+                raise self.fail("config", f"SpeculativeConfig has no field {name!r}")
             object.__setattr__(spec, name, value)
         for name, value in resolved.items():
             if name in names:
@@ -786,13 +721,13 @@ class VLLMEngine(Engine):
         """vLLM's own ``ParallelConfig``, fresh per cell (its validators run; the node has ``GPUS_PER_NODE`` GPUs)."""
         return self._config_classes["ParallelConfig"](tensor_parallel_size=tp, decode_context_parallel_size=dcp)
 
-    def _model_view(self, model: ModelConfig) -> Any:
+    def model_view(self, model: ModelConfig) -> Any:
         """The model's ``ModelConfig`` as vLLM's code reads it (see ``_ModelConfigView``)."""
         if model.name not in self._model_views:
             hf_config = self._hf_config(model)
             view = self._model_view_cls(hf_config, self._torch.bfloat16, self._model_info(hf_config))
             if view.use_mla != model.mla:
-                raise self._fail("config", f"model {model.name!r}: the catalogue says mla={model.mla}, "
+                raise self.fail("config", f"model {model.name!r}: the catalogue says mla={model.mla}, "
                                            f"vLLM's ModelConfig.use_mla says {view.use_mla}")
             self._model_views[model.name] = view
         return copy.copy(self._model_views[model.name])  # what vLLM sets on it stays with the cell
@@ -834,7 +769,7 @@ class VLLMEngine(Engine):
                               ("vllm.model_executor.models.registry:ModelRegistry",))
         registered = registry.models.get(arch)
         if registered is None:
-            raise self._fail("config", f"vLLM's registry has no architecture {arch!r}")
+            raise self.fail("config", f"vLLM's registry has no architecture {arch!r}")
         return _ModelInfoView(architecture=getattr(registered, "class_name", arch), **MODEL_INFO)
 
     @contextlib.contextmanager
@@ -848,7 +783,7 @@ class VLLMEngine(Engine):
         try:
             yield
         except _StandInMissing as exc:
-            raise self._fail(step, str(exc)) from exc
+            raise self.fail(step, str(exc)) from exc
         except ModuleNotFoundError as exc:
             library = (exc.name or "").split(".", 1)[0]
             if library not in PLATFORM_LIBRARIES:
@@ -858,11 +793,11 @@ class VLLMEngine(Engine):
             if not cuda_absent(exc):
                 raise
             # the host's torch saying it has no GPU: a device query the adapter does not answer, never a refusal
-            raise self._fail(step, f"vLLM asked this host's torch for a GPU: {type(exc).__name__}: {exc}") from exc
+            raise self.fail(step, f"vLLM asked this host's torch for a GPU: {type(exc).__name__}: {exc}") from exc
         except GpuStep as exc:  # a name of a stubbed platform library was used
             library = exc.what.split("(", 1)[0].split(".", 1)[0]
             if library not in PLATFORM_LIBRARIES:
-                raise self._fail(step, f"a GPU step escaped: {exc.what}") from exc
+                raise self.fail(step, f"a GPU step escaped: {exc.what}") from exc
             raise self._unreachable(step, exc, f"uses {exc.what.split(' (kernel library', 1)[0]}", library) from exc
 
     def _unreachable(self, step: str, exc: BaseException, what: str, library: str) -> UnreachableError:
@@ -924,54 +859,6 @@ class VLLMEngine(Engine):
                 if isinstance(function, functools._lru_cache_wrapper):
                     function.cache_clear()
 
-    # -- coverage and metadata ------------------------------------------------------------------
-    def registered_backends(self) -> dict[str, bool]:
-        """Every member of vLLM's ``AttentionBackendEnum`` → whether it serves MLA models.
-
-        The answer is the backend class's own ``is_mla()``. A member whose class
-        does not import here (CUDA ops at import, a module the wheel lacks) is
-        read from its source instead: the class's ``is_mla`` (or an ancestor's,
-        followed through the module's imports) returning ``True``. A member
-        with no class (``TORCH_SDPA``, ``CUSTOM`` until registered) is False.
-        """
-        if self._setup_error is not None:
-            raise self._setup_error
-        result: dict[str, bool] = {}
-        with _quiet.quiet():
-            for member in self._enum:
-                try:
-                    path = member.get_path()
-                except (ValueError, AttributeError):  # a placeholder without a class
-                    result[member.name] = False
-                    continue
-                try:
-                    result[member.name] = bool(member.get_class().is_mla())
-                except Exception:  # does not import on this machine: read its source
-                    result[member.name] = _source_is_mla(path)
-        return result
-
-    def known_archs(self) -> tuple[str, ...]:
-        """The arch values this release has a platform for: CUDA, the GFX targets its ROCm platform names, CPU, XPU."""
-        return known_archs()
-
-    def metadata(self) -> Mapping[str, Any]:
-        return {
-            "engine": "vllm",
-            "version": self.version,
-            "stubs": list(self.stubs),
-            "faked": "vllm.platforms.current_platform: per cell a subclass of vLLM's platform class for the arch "
-                     "(NonNvmlCudaPlatform: capability; RocmPlatform: _GCN_ARCH and its _ON_* flags; CpuPlatform: AMX "
-                     "tiles; XPUPlatform)",
-            "platform": self.platform,
-            "other_platforms": "each in a child process that imported vLLM on that platform",
-            "cuda_at_import_on_meta": list(CUDA_AT_IMPORT),
-            "start_up": ["ModelConfig.verify_with_parallel_config", "MLAAttention/Attention constructor",
-                         "update_block_size_for_backend", "get_kv_cache_spec", "get_kv_cache_groups",
-                         "init_attn_backend", "check_attention_cp_compatibility",
-                         "drafter init_attn_backend (spec)"],
-            "setup_error": str(self._setup_error) if self._setup_error else None,
-        }
-
 
 class _GpuStepRecorder:
     """Stands for a ``GPU_STEPS`` callable: records that the start-up reached it, builds nothing."""
@@ -989,7 +876,7 @@ class _StandInMissing(AttributeError):
     """vLLM read a field the adapter's stand-in does not carry."""
 
 
-class _StandInConfig:
+class StandInConfig:
     """A ``VllmConfig``'s sections (given as keywords) with ``VllmConfig``'s own properties and methods.
 
     A section not given is ``None`` (as an unset optional section of a real
@@ -1126,45 +1013,6 @@ def _builder_of(attn_groups: list[list[Any]], layer_name: str) -> Any:
     return None
 
 
-def _source_is_mla(path: str, depth: int = 0) -> bool:
-    """Whether the class at ``module.Class`` returns True from ``is_mla``, read from its source (ast)."""
-    module_name, _, class_name = path.rpartition(".")
-    spec = importlib.util.find_spec(module_name) if module_name else None
-    if spec is None or spec.origin is None or depth > 8:
-        return False
-    tree = ast.parse(Path(spec.origin).read_text())
-    imports: dict[str, str] = {}
-    classes: dict[str, ast.ClassDef] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-        elif isinstance(node, ast.ClassDef):
-            classes[node.name] = node
-    node = classes.get(class_name)
-    if node is None:
-        return False
-    for item in node.body:
-        if isinstance(item, ast.FunctionDef) and item.name == "is_mla":
-            returns = [n.value for n in ast.walk(item) if isinstance(n, ast.Return)]
-            return any(isinstance(r, ast.Constant) and r.value is True for r in returns)
-    for base in node.bases:
-        base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
-        if base_name is None:
-            continue
-        if base_name in classes:
-            if _source_is_mla(f"{module_name}.{base_name}", depth + 1):
-                return True
-        elif base_name in imports and _source_is_mla(imports[base_name], depth + 1):
-            return True
-    return False
-
-
-def known_platforms() -> tuple[str, ...]:
-    """The platforms the vLLM adapter fakes (one per process)."""
-    return tuple(PLATFORM_CLASSES)
-
-
 @contextlib.contextmanager
 def _environ_restored() -> Iterator[None]:
     """The process environment as it was (the CPU platform's config pass sets LD_PRELOAD, thread counts, ...)."""
@@ -1265,19 +1113,3 @@ def _cuda_allocations_on_meta() -> Iterator[None]:
         yield
     finally:
         torch.empty = real  # type: ignore[assignment]
-
-
-#: The stand-in config class, for the kernel-check side (``checks`` never imports this module).
-VLLMEngine.stand_in_config_cls = _StandInConfig
-
-
-def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own MLA layer on the cell's backend (``checks.run_mla``)."""
-    checks.adopt_factory(VLLMEngine)
-    return checks.run_mla(inputs, ctx, options)
-
-
-def run_attn(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
-    """``KernelSpec`` target: vLLM's own attention layer for a GQA model (``checks.run_attn``)."""
-    checks.adopt_factory(VLLMEngine)
-    return checks.run_attn(inputs, ctx, options)

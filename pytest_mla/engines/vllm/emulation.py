@@ -1,6 +1,6 @@
 """Where the compiled kernels of a vLLM MLA check come from: the real libraries on a GPU, float64 emulations elsewhere.
 
-The driver (``checks.run_mla``) is the same code either way: it builds vLLM's
+The driver (``rank.run_mla``) is the same code either way: it builds vLLM's
 layer, metadata builder, cache and DCP group and calls
 ``MLAAttention.forward_impl``. Only the innermost compiled calls differ:
 
@@ -23,43 +23,8 @@ import sys
 from typing import Any, Iterator
 
 from ..common.shared_scope import SharedScope
+from . import backends
 
-#: The compiled calls each backend's decode path (``forward_mqa``) makes, as ``module:qualname``.
-DECODE_CALLS: dict[str, tuple[str, ...]] = {
-    "TRITON_MLA": (),  # Triton: runs here (interpreter) and on a GPU alike
-    # sparse MLA (DeepSeek-V3.2): the index conversion and the sparse decode are Triton (xpu_mla_sparse.py)
-    "XPU_MLA_SPARSE": (),
-    # sparse MLA on FlashMLA (flashmla_sparse.py): a bf16 cache decodes with the sparse "prefill" kernel
-    # (_bf16_flash_mla_kernel -> flash_mla_sparse_fwd), an FP8 (656-byte) cache with the sparse decode
-    # kernel (_fp8_flash_mla_kernel -> flash_mla_with_kvcache(indices=..., is_fp8_kvcache=True)); the query
-    # is packed by concat_mla_q first
-    "FLASHMLA_SPARSE": ("torch.ops._flashmla_C:sparse_prefill_fwd", "torch.ops._flashmla_C:sparse_decode_fwd",
-                        "vllm._custom_ops:concat_mla_q"),
-    "FLASHMLA": ("torch.ops._flashmla_C:dense_decode_fwd",
-                 "torch.ops._flashmla_extension_C:fwd_kvcache_mla_fp8",
-                 "torch.ops._flashmla_extension_C:get_mla_decoding_metadata_dense_fp8"),
-    "FLASH_ATTN_MLA": ("vllm.vllm_flash_attn:flash_attn_varlen_func",
-                       "vllm.vllm_flash_attn:get_scheduler_metadata"),
-    "FLASHINFER_MLA": ("flashinfer.decode:trtllm_batch_decode_with_kv_cache_mla",
-                       "flashinfer.utils:get_device_sm_count",
-                       "flashinfer.utils:get_trtllm_gen_multi_ctas_kv_counter_bytes"),
-    "CUTLASS_MLA": ("vllm._custom_ops:sm100_cutlass_mla_decode",
-                    "vllm._custom_ops:sm100_cutlass_mla_get_workspace_size"),
-    "TOKENSPEED_MLA": ("tokenspeed_mla:tokenspeed_mla_decode", "tokenspeed_mla:get_num_sm",
-                       "tokenspeed_mla:warmup_compile_prefill"),
-    # the CPU platform (a CPU build of vllm._C registers the op)
-    "CPU_MLA": ("torch.ops._C:mla_decode_kvcache",),
-    # AMX CPUs: the impl packs its absorption weights, MLAAttention absorbs / de-absorbs with bmm_cpu
-    "AMX_MLA": ("torch.ops._C:convert_weight_packed", "torch.ops._C:bmm_cpu", "torch.ops._C:decode_attention_cpu"),
-    # GQA models (``checks.run_attn``)
-    "TRITON_ATTN": (),
-    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
-    "ROCM_ATTN": (),
-    "FLASH_ATTN": ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata"),
-    # the CPU platform: its builder schedules, the model runner's cache update writes, the impl attends
-    "CPU_ATTN": ("torch.ops._C:get_scheduler_metadata", "torch.ops._C:cpu_attn_reshape_and_cache",
-                 "torch.ops._C:cpu_attention_with_kv_cache"),
-}
 #: The compiled calls of vLLM's MLA prefill path (``MLACommonBaseImpl.forward_mha`` on the
 #: FLASH_ATTN prefill backend): the varlen attention of the new tokens and of the cached
 #: context, the context gathers, the merge of the two states.
@@ -67,42 +32,9 @@ PREFILL_CALLS = ("vllm.vllm_flash_attn:flash_attn_varlen_func",
                  "vllm._custom_ops:cp_gather_cache",
                  "vllm._custom_ops:gather_and_maybe_dequant_cache",
                  "vllm._custom_ops:merge_attn_states")
-#: The impl method that computes decode attention, per backend (the kernel record's ``function``).
-DECODE_FUNCTIONS = {
-    "TRITON_MLA": "vllm.v1.attention.backends.mla.triton_mla:TritonMLAImpl.forward_mqa",
-    "FLASHMLA": "vllm.v1.attention.backends.mla.flashmla:FlashMLAImpl.forward_mqa",
-    "FLASH_ATTN_MLA": "vllm.v1.attention.backends.mla.flashattn_mla:FlashAttnMLAImpl.forward_mqa",
-    "FLASHINFER_MLA": "vllm.v1.attention.backends.mla.flashinfer_mla:FlashInferMLAImpl.forward_mqa",
-    "CUTLASS_MLA": "vllm.v1.attention.backends.mla.cutlass_mla:CutlassMLAImpl.forward_mqa",
-    "TOKENSPEED_MLA": "vllm.v1.attention.backends.mla.tokenspeed_mla:TokenspeedMLAImpl.forward_mqa",
-    "CPU_MLA": "vllm.v1.attention.backends.mla.cpu_mla:CPUMLAImpl.forward_mqa",
-    "AMX_MLA": "vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mqa",
-    "XPU_MLA_SPARSE": "vllm.v1.attention.backends.mla.xpu_mla_sparse:XPUMLASparseImpl.forward_mqa",
-    "FLASHMLA_SPARSE": "vllm.v1.attention.backends.mla.flashmla_sparse:FlashMLASparseImpl.forward_mqa",
-}
+#: The method that computes vLLM's MLA prefill, unless the backend has its own (``Backend.own_prefill``).
 PREFILL_FUNCTION = "vllm.model_executor.layers.attention.mla_attention:MLACommonBaseImpl.forward_mha"
-#: Backends that override ``forward_mha`` with their own compiled calls, per platform: the impl method
-#: and the calls (AMX_MLA on the CPU platform: ``extend_attention_cpu`` and the packed-weight ``bmm_cpu``).
-PLATFORM_PREFILL = {
-    ("cpu", "AMX_MLA"): ("vllm.v1.attention.backends.mla.amx_mla:AMXMLAImpl.forward_mha",
-                         ("torch.ops._C:convert_weight_packed", "torch.ops._C:bmm_cpu",
-                          "torch.ops._C:extend_attention_cpu")),
-}
-#: What each real entry point needs loaded: (torch.ops namespace, op) or a Python module.
-_REAL_OPS = {
-    "FLASHMLA": (("_flashmla_C", "dense_decode_fwd"), ("_flashmla_extension_C", "fwd_kvcache_mla_fp8")),
-    "FLASH_ATTN_MLA": (("_vllm_fa3_C", "fwd"),),
-    "FLASHINFER_MLA": ("flashinfer.decode",),
-    "CUTLASS_MLA": (("_C", "sm100_cutlass_mla_decode"),),
-    "TOKENSPEED_MLA": ("tokenspeed_mla",),
-    "TRITON_MLA": (),
-    "XPU_MLA_SPARSE": (),
-    "FLASHMLA_SPARSE": (("_flashmla_C", "sparse_prefill_fwd"), ("_flashmla_C", "sparse_decode_fwd")),
-    "TRITON_ATTN": (),
-    # ROCm: Triton (``checks.ROCM_ATTN_OPS``); where vLLM picks its HIP paged attention instead, not-run
-    "ROCM_ATTN": (),
-    "FLASH_ATTN": (("_vllm_fa3_C", "fwd"),),
-}
+#: What the real MLA prefill path needs loaded (``backends.Loaded``).
 _PREFILL_OPS = (("_vllm_fa3_C", "fwd"), ("_C_cache_ops", "cp_gather_cache"), ("_C", "merge_attn_states"))
 
 
@@ -143,16 +75,17 @@ PLAIN_PREFILL_PLATFORMS = ("cpu",)
 def calls_of(backend: str, path: str, platform: str | None = None) -> tuple[str, ...]:
     """The compiled calls the check of ``backend`` reaches on ``path`` ("decode" or "prefill") on ``platform``
     (None: CUDA, the adapter's main process)."""
+    record = backends.backend(backend)
     if path == "prefill":
-        if (platform, backend) in PLATFORM_PREFILL:
-            return PLATFORM_PREFILL[(platform, backend)][1]
+        if platform in record.own_prefill:
+            return record.own_prefill[platform][1]
         return () if platform in PLAIN_PREFILL_PLATFORMS else PREFILL_CALLS
-    return DECODE_CALLS[backend]
+    return record.decode_calls
 
 
 def prefill_function(backend: str, platform: str | None = None) -> str:
     """The method that computes ``backend``'s MLA prefill on ``platform`` (the kernel record's ``function``)."""
-    return PLATFORM_PREFILL.get((platform, backend), (PREFILL_FUNCTION,))[0]
+    return backends.backend(backend).own_prefill.get(platform, (PREFILL_FUNCTION,))[0]
 
 
 def _op_loaded(namespace: str, op: str) -> bool:
@@ -186,7 +119,7 @@ def real_kernels_missing(backend: str, path: str, where: str, capability: str) -
     major, minor = torch.cuda.get_device_capability()
     if f"{major}.{minor}" != capability:
         return f"this GPU is {major}.{minor}, the cell's arch {capability}"
-    needs = list(_PREFILL_OPS if path == "prefill" else _REAL_OPS[backend])
+    needs = list(_PREFILL_OPS if path == "prefill" else backends.backend(backend).real_ops)
     missing = []
     for need in needs:
         loaded = _module_loaded(need) if isinstance(need, str) else _op_loaded(*need)
@@ -200,7 +133,7 @@ _buffers = SharedScope("vllm checks")
 
 
 @contextlib.contextmanager
-def kernel_source(level: str, names: tuple[str, ...]) -> Iterator[Any]:
+def emulated_kernels(level: str, names: tuple[str, ...]) -> Iterator[Any]:
     """For the block: the emulations of ``names`` at level ``emulated`` (yields their call log), else nothing."""
     if level != "emulated" or not names:
         yield None
