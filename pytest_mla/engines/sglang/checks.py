@@ -1,11 +1,11 @@
 """Running SGLang's own attention backend on a kernel check's inputs (``KernelSpec.protocol == "engine"``).
 
-For an accepted cell the adapter (``engines/sglang.py``) asks ``kernel_for``
+For an accepted cell the adapter (``adapter.SGLangEngine``) asks ``kernel_for``
 which check the cell runs; the harness then calls ``run`` once per DCP rank
 (``kernels/engine_check.py``). Nothing here computes attention or merges
 ranks: SGLang does, with what SGLang built.
 
-What ``run`` builds, per rank, in this process (``sglang_pools`` holds the pieces):
+What ``run`` builds, per rank, in this process (``rank`` builds the pieces, ``batch`` the requests):
 
 * **Server arguments** as ``sglang serve`` parses them for the cell's decode
   backend, with the page size, KV-cache dtype, TP / DCP sizes, speculative
@@ -178,7 +178,7 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         # SGLang's MLA write paths disagree on what an FP8 row holds when k_scale != 1: triton's
         # decode and trtllm_mla's extend divide by k_scale first, flashinfer's and the pool's plain
         # doors (set_kv_buffer, set_mla_kv_buffer) store K as it is. The cached tokens come from
-        # whichever prefill served them: the check fills the cache each way (pools._write_mla).
+        # whichever prefill served them: the check fills the cache each way (rank.RankSetup._write_mla).
         ("kv_conventions", MLA_KV_CONVENTIONS if model.mla else None),
         ("emulate", emulate),
         # the arch the backend's code sees (it branches on it); an interpreted or native check runs
@@ -296,9 +296,9 @@ def _class_of(backend: str) -> str:
 
 def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """One DCP rank of a check: build SGLang's pieces for ``inputs``, run its attention path, return the rank's heads."""
-    from . import pools
+    from .rank import load_engine
 
-    engine = pools.load_engine()
+    engine = load_engine()
     if options["backend"] == "flex_attention":
         if options.get("dsa") and options.get("arch") and options.get("platform") is None:
             from . import emulation
@@ -427,10 +427,10 @@ def _missing_op(exc: BaseException) -> str | None:
 def _run_rank(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any], shared: Any) -> Any:
     import dataclasses
 
-    from . import pools
+    from .rank import RankSetup
 
     with _ADAPTER_STAGE("set up SGLang for the check"):
-        rank = pools.RankSetup.build(engine, inputs, ctx, options)
+        rank = RankSetup.build(engine, inputs, ctx, options)
     compiled = _compiled_counts() if options["backend"] == "flex_attention" else None
     try:
         result = rank.compute()
@@ -488,7 +488,7 @@ class _AdapterStage:
         except (AdapterError, OutOfContractError, OutOfRangeRead):  # an emulation's refusal is the run's verdict, not ours
             raise
         except Exception as exc:
-            if getattr(exc, "mla_engine_raised", False):  # SGLang's own code raised (pools marks it): a finding
+            if getattr(exc, "mla_engine_raised", False):  # SGLang's own code raised (rank marks it): a finding
                 raise
             from .support import adapter_error
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-from typing import Any
+import inspect
+import sys
+import types
+from typing import Any, Callable
 
 from ...core.errors import AdapterError
 
-__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "backend_module", "make_dataclass", "missing_kernel_library"]
+__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "backend_module", "construct", "make_dataclass", "missing_kernel_library", "sglang_bindings"]
 
 #: The kernel libraries SGLang's CUDA attention backends call (emulated at level ``emulated``).
 EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")  # sglang: its own JIT kernels
@@ -40,6 +43,14 @@ def make_dataclass(cls: type, **values: Any) -> Any:
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
+def construct(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` with the keyword arguments its signature accepts (they move between releases)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(*args, **kwargs)
+
+
 def backend_module(backend: str) -> str:
     """The module of SGLang's backend class for ``backend`` (``sglang`` when unknown)."""
     return {"triton": "sglang.srt.layers.attention.triton_backend",
@@ -66,3 +77,24 @@ def missing_kernel_library(exc: BaseException) -> str | None:
             return name
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+#: ``sglang_bindings``' last scan per object: (the object, ``len(sys.modules)`` then, its bindings).
+_BINDINGS: dict[int, tuple[Any, int, list[tuple[types.ModuleType, str]]]] = {}
+
+
+def sglang_bindings(obj: Any) -> list[tuple[types.ModuleType, str]]:
+    """Every ``(sglang module, name)`` bound to ``obj``: where a patch of ``obj`` must reach, as SGLang's
+    modules bind functions by name (``from ..utils import is_hip``). The scan of every module is kept until
+    a module is imported; a name rebound since then is left out."""
+    cached = _BINDINGS.get(id(obj))
+    if cached is not None and cached[0] is obj and cached[1] == len(sys.modules):
+        return [(module, key) for module, key in cached[2] if vars(module).get(key) is obj]
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == "sglang" or name.startswith("sglang.")):
+            for key, value in list(vars(module).items()):
+                if value is obj:
+                    found.append((module, key))
+    _BINDINGS[id(obj)] = (obj, len(sys.modules), found)
+    return found
