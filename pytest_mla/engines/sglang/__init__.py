@@ -6,6 +6,8 @@
   attention-backend factories and constructors up to their first GPU step, the
   EAGLE draft worker — with the cell's GPU arch faked; ``platforms``: SGLang's
   platforms answering for the cell's device.
+* ``backends``: one record per SGLang attention backend (``BACKENDS``), what the
+  modules below read instead of tables of their own.
 * ``checks``: which numeric check an accepted cell runs (``kernel_for``) and the
   engine runner the harness calls per DCP rank (``run``); ``emulation``: a CUDA
   backend's own code on a CPU around emulated kernel libraries;

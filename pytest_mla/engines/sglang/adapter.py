@@ -22,7 +22,8 @@ from ..common.gpu_steps import GpuStep, cuda_absent, engine_frame
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from ..protocol import AdapterError, Configured, Engine, UnreachableError
 from .platforms import PLATFORM_LIBRARIES, fake_import_platform, known_archs
-from .startup import ENGINE, Resolution, RunnerAttributeError, Startup, other_platform_reason
+from .backends import backend
+from .startup import ENGINE, Resolution, RunnerAttributeError, Startup
 from .support import STUBS
 
 #: The catalogue models whose configs decide ``registered_backends``: a dense MLA model and a
@@ -135,10 +136,9 @@ class SGLangEngine(Engine):
         """The decode kernel to check for an accepted cell (``KernelSpec`` or None, and why not)."""
         from .checks import kernel_from
 
-        from .platform_check import PLATFORM_CHECKS
-
-        if self.platform != "cuda" and resolution.decode_backend not in PLATFORM_CHECKS.get(self.platform, ()):
-            return None, other_platform_reason(resolution.decode_backend, cell.arch, self.platform)
+        decode = backend(resolution.decode_backend)
+        if self.platform != "cuda" and self.platform not in decode.checked_on:
+            return None, decode.other_platform_reason(cell.arch, self.platform)
 
         facts = types.SimpleNamespace(kv_cache_dtype=resolution.kv_cache_dtype, model_config=resolution.model_config,
                                       decode_attention_backend_str=resolution.decode_backend,

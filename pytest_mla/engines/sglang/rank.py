@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from ...core.errors import AdapterError
+from .backends import backend
 from .batch import poison, write_loc
 from .support import STUBS, adapter_error, construct, make_dataclass
 
@@ -923,7 +924,7 @@ class RankSetup:
 
     def notes(self) -> list[str]:
         built = f"sglang {self.engine.version}: {type(self.backend).__name__} built by SGLang's factory"
-        if self.options["backend"] == "triton":
+        if backend(self.options["backend"]).reads_num_kv_splits:
             built += f" with --triton-attention-num-kv-splits {self.options['num_kv_splits']}"
         if self.options.get("emulate"):
             built += f", on a CPU host stated to SGLang as an {self.options['arch']} GPU (runtime_context platform facts)"

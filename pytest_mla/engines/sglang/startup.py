@@ -92,9 +92,6 @@ STUBBED_KERNEL_LIBRARIES = ("sgl_kernel", "flash_mla", "tokenspeed_mla")
 #: SGLang's JIT kernel loader: entering it compiles CUDA code for the device, a GPU step.
 JIT_LOADERS = (("sglang.kernels.jit.utils.compile.loader", "load_jit"),)
 
-#: The catalogue models whose configs decide ``registered_backends``: a dense MLA model and a
-#: sparse (DSA) one, so that the sparse MLA backends (``dsa``, its alias ``nsa``) count as MLA-capable.
-
 _BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 _SPEC_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn": "NEXTN"}
 
@@ -238,7 +235,6 @@ class _SGLang:
         self.package_dir = os.path.dirname(os.path.abspath(importlib.import_module("sglang").__file__ or ""))
 
 
-
 class Startup:
     """SGLang's start-up in this process, run for one cell at a time under that cell's platform.
 
@@ -282,7 +278,7 @@ class Startup:
                 raise adapter_error("platform", f"cannot load {name} as on a plain {arch}: "
                                                 f"{type(exc).__name__}: {exc}") from None
 
-
+    # -- the cell's platform --------------------------------------------------------------
     def facts(self, arch: str) -> dict[str, Any]:
         """The platform facts of ``arch`` that the installed release knows."""
         return {k: v for k, v in platform_facts(arch).items() if k in self.fact_names}
@@ -610,44 +606,6 @@ def _fresh_resources(rc: Any) -> None:
     resources = getattr(context, "resources", None)
     if resources is not None:
         context.resources = type(resources)()
-
-
-#: SGLang backends of other platforms and the op or kernel callable each decodes with (``intel_amx`` is not
-#: here: its check runs in the CPU platform's child around emulations of sgl-kernel's CPU attention ops,
-#: ``platform_check.PLATFORM_CHECKS``).
-PLATFORM_DECODERS = {
-    "aiter": "aiter.mla.mla_decode_fwd",
-    "intel_xpu": "sgl-kernel-xpu's flash_mla_decode (an MLA model; flash_attn_with_kvcache otherwise)",
-    "ascend": "torch_npu's fused attention ops",
-    "wave": "wave_lang's decode kernel",
-}
-#: SGLang backends whose decode code is the CUDA process's, run on another platform's device there.
-DEVICE_DECODERS = {
-    "triton": "TritonAttnBackend.forward_decode's Triton kernel (decode_attention_fwd)",
-    "torch_native": "TorchNativeAttnBackend.forward_decode (torch.nn.functional.scaled_dot_product_attention)",
-}
-#: SGLang's sparse-attention backends and what they decode with.
-SPARSE_DECODERS = {
-    "dsa": "DeepseekSparseAttnBackend.forward_decode's sparse MLA kernels (the --dsa-decode-backend SGLang resolves "
-           "for the platform)",
-}
-
-
-def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
-    """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
-    if decode_backend == "aiter":
-        return "SGLang's aiter decodes with aiter.mla.mla_decode_fwd, which has no emulation yet"
-    if decode_backend in PLATFORM_DECODERS:
-        return f"SGLang's {decode_backend} decodes with {PLATFORM_DECODERS[decode_backend]}, which this host lacks"
-    if decode_backend in DEVICE_DECODERS:  # (ROCm, CPU and XPU run it: platform_check.PLATFORM_CHECKS)
-        return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
-                f"{DEVICE_DECODERS[decode_backend]} on a {platform} device, which this host lacks; its check runs "
-                "on the ROCm, CPU and XPU platforms only")
-    if decode_backend in SPARSE_DECODERS:
-        return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
-                f"{SPARSE_DECODERS[decode_backend]}, which has no emulation yet")
-    return (f"SGLang's {decode_backend} on the {platform} platform ({arch}): the engine checks run on this "
-            "platform for SGLang's triton and torch_native backends only")
 
 
 class _ConstructionLog:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ...core.errors import AdapterError
 
-__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "backend_module", "construct", "make_dataclass", "missing_kernel_library", "sglang_bindings"]
+__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "construct", "make_dataclass", "missing_kernel_library", "sglang_bindings"]
 
 #: The kernel libraries SGLang's CUDA attention backends call (emulated at level ``emulated``).
 EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")  # sglang: its own JIT kernels
@@ -49,23 +49,6 @@ def construct(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     return fn(*args, **kwargs)
-
-
-def backend_module(backend: str) -> str:
-    """The module of SGLang's backend class for ``backend`` (``sglang`` when unknown)."""
-    return {"triton": "sglang.srt.layers.attention.triton_backend",
-            "flashinfer": "sglang.srt.layers.attention.flashinfer_mla_backend",
-            "fa3": "sglang.srt.layers.attention.flashattention_backend",
-            "fa4": "sglang.srt.layers.attention.flashattention_backend",
-            "flashmla": "sglang.srt.layers.attention.flashmla_backend",
-            "cutlass_mla": "sglang.srt.layers.attention.cutlass_mla_backend",
-            "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",
-            "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
-            "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
-            "torch_native": "sglang.srt.layers.attention.torch_native_backend",
-            "flex_attention": "sglang.srt.layers.attention.torch_flex_backend",
-            "intel_amx": "sglang.srt.layers.attention.intel_amx_backend",
-            "intel_xpu": "sglang.srt.layers.attention.xpu_backend"}.get(backend, "sglang")
 
 
 def missing_kernel_library(exc: BaseException) -> str | None:
