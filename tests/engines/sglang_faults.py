@@ -312,7 +312,7 @@ def injected(fault: str) -> Iterator[None]:
         return
     import importlib
 
-    from pytest_mla.engines.sglang.pools import load_engine
+    from pytest_mla.engines.sglang.rank import load_engine
 
     load_engine()  # the Triton mode and stubs first, as the runner does
     module_name, attr, make = FAULTS[fault]
@@ -368,7 +368,7 @@ def platform_check(cell: Any, config: Any, *, fault: str, dtype: str, dcp_mode: 
     there (the fault travels with the spec, ``run`` puts it in inside the child)."""
     import dataclasses
 
-    from pytest_mla.engines.sglang.startup import SGLangEngine
+    from pytest_mla.engines.sglang.adapter import SGLangEngine
     from pytest_mla.kernels import harness
 
     engine = _PARENT.get("engine")

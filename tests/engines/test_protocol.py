@@ -84,7 +84,7 @@ def test_the_builtin_adapters_subclass_engine():
     """Read from the source: importing the SGLang and vLLM adapters imports their engines."""
     assert issubclass(ReferenceEngine, Engine)
     engines = Path(pytest_mla.engines.__file__).parent
-    for path, cls in (("sglang/startup.py", "SGLangEngine"), ("vllm/adapter.py", "VLLMEngine")):
+    for path, cls in (("sglang/adapter.py", "SGLangEngine"), ("vllm/adapter.py", "VLLMEngine")):
         tree = ast.parse((engines / path).read_text(encoding="utf-8"))
         (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
         assert [ast.unparse(b) for b in node.bases] == ["Engine"], cls

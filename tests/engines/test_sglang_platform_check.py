@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from pytest_mla.engines.sglang.platform_check import PLATFORM_CHECKS, derived_constants, notes
+from pytest_mla.engines.sglang.backends import BACKENDS
+from pytest_mla.engines.sglang.platform_check import derived_constants, notes
 
 PROBES_SOURCE = '''
 ANSWER = {"gfx95": False}
@@ -134,7 +135,7 @@ def test_the_platform_fp8_type_of_an_if_block_answers_the_active_arch_where_it_w
 
 
 def test_notes_say_where_the_check_ran_and_what_stood_in_for_the_device():
-    assert set(PLATFORM_CHECKS) == {"rocm", "cpu", "xpu"}
+    assert {platform for b in BACKENDS.values() for platform in b.checked_on} == {"rocm", "cpu", "xpu"}
     said = notes({"platform": "rocm", "arch": "gfx950", "backend": "triton"},
                  ["sglang.kernels.ops.attention.extend_attention._is_gfx95", "sglang.srt.layers.moe.topk._is_gfx95"])
     assert said[0] == "ran in a process that imported SGLang on its ROCm platform, answering for gfx950"
@@ -152,7 +153,7 @@ def test_intel_amx_runs_in_the_cpu_child_with_sgl_kernels_cpu_attention_ops_emul
 
     from pytest_mla.engines.sglang.checks import platform_emulations
 
-    assert "intel_amx" in PLATFORM_CHECKS["cpu"]
+    assert "cpu" in BACKENDS["intel_amx"].checked_on
     attention = ("torch.ops.sgl_kernel:decode_attention_cpu", "torch.ops.sgl_kernel:extend_attention_cpu")
     cell = SimpleNamespace(arch="cpu_amx", dcp=1)
     assert platform_emulations(cell, SimpleNamespace(mla=True), "cpu", "intel_amx") == attention
@@ -171,11 +172,10 @@ def test_xpu_checks_install_sgl_kernel_xpus_flash_attn_with_kvcache_not_fa3s():
 
     import torch
 
-    from pytest_mla.engines.sglang.checks import BACKEND_OPS
     from pytest_mla.engines.sglang.platform_check import emulations
 
     name = "sgl_kernel.flash_attn:flash_attn_with_kvcache"
-    assert BACKEND_OPS[("xpu", "intel_xpu", False)] == (name,)
+    assert BACKENDS["intel_xpu"].platform_ops[("xpu", False)] == (name,)
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 1, 4, 64, generator=gen).to(torch.bfloat16)
     cache = torch.randn(2, 64, 2, 64, generator=gen).to(torch.bfloat16)

@@ -73,12 +73,13 @@ def test_the_numbers_the_script_mirrors_are_the_checks_own():
     pytest.importorskip("torch")
     from pytest_mla.core.models import BUILTIN_MODELS
     from pytest_mla.engines.sglang import checks
+    from pytest_mla.engines.sglang.backends import BACKENDS
     from pytest_mla.kernels.compare import tolerance_for
     from pytest_mla.report.repro import sglang
 
     assert sglang.NUM_KV_SPLITS == checks.NUM_KV_SPLITS
-    assert set(sglang.DECODE_BACKENDS.values()) <= set(checks.INTERPRETED) | set(checks.NATIVE)
-    assert set(sglang.EMULATED_BACKENDS.values()) <= set(checks.EMULATED)
+    assert {BACKENDS[name].cpu_check for name in sglang.DECODE_BACKENDS.values()} <= {"interpreted", "native"}
+    assert {BACKENDS[name].cpu_check for name in sglang.EMULATED_BACKENDS.values()} == {"emulated"}
     for kv, tol in sglang.TOLERANCES.items():
         want = tolerance_for("bf16", kv, fp8_dots=True).out  # Triton's kernels round q and P to an fp8 cache
         assert tol == {"abs": want.abs, "rel": want.rel, "cos": want.cos}, kv
@@ -90,7 +91,8 @@ def test_the_numbers_the_script_mirrors_are_the_checks_own():
 def test_what_an_emulated_script_states_is_the_adapters_emulation_scope():
     """The GPU an emulated cell's script states to SGLang and the libraries it replaces are written into the
     script: they must be what engines/sglang/emulation states and replaces."""
-    from pytest_mla.engines.sglang import checks, platforms, support
+    from pytest_mla.engines.sglang import platforms, support
+    from pytest_mla.engines.sglang.backends import BACKENDS
     from pytest_mla.report.repro import sglang
 
     assert sglang.EMULATED_LIBRARIES == support.EMULATED_LIBRARIES
@@ -101,9 +103,9 @@ def test_what_an_emulated_script_states_is_the_adapters_emulation_scope():
     with pytest.raises(ValueError, match="not a CUDA arch: 'gfx942'"):
         sglang.cuda_platform_facts("gfx942")
     for cls, name in sglang.EMULATED_BACKENDS.items():
-        assert name in checks.EMULATED
+        assert BACKENDS[name].cpu_check == "emulated"
         module = sglang.BACKEND_MODULES[cls]
-        assert module == support.backend_module(name) or (cls, module) == (
+        assert module == BACKENDS[name].module or (cls, module) == (
             "FlashInferAttnBackend", "sglang.srt.layers.attention.flashinfer_backend"), cls  # GQA's own module
 
 

@@ -1,11 +1,11 @@
 """Running SGLang's own attention backend on a kernel check's inputs (``KernelSpec.protocol == "engine"``).
 
-For an accepted cell the adapter (``engines/sglang.py``) asks ``kernel_for``
+For an accepted cell the adapter (``adapter.SGLangEngine``) asks ``kernel_for``
 which check the cell runs; the harness then calls ``run`` once per DCP rank
 (``kernels/engine_check.py``). Nothing here computes attention or merges
 ranks: SGLang does, with what SGLang built.
 
-What ``run`` builds, per rank, in this process (``sglang_pools`` holds the pieces):
+What ``run`` builds, per rank, in this process (``rank`` builds the pieces, ``batch`` the requests):
 
 * **Server arguments** as ``sglang serve`` parses them for the cell's decode
   backend, with the page size, KV-cache dtype, TP / DCP sizes, speculative
@@ -53,43 +53,16 @@ from typing import Any, Iterator, Mapping
 from ...core.errors import AdapterError
 from ...core.kernelspec import KernelSpec
 from ...core.spec import parse_spec
-from .support import backend_module, missing_kernel_library
+from .backends import backend
+from .support import missing_kernel_library
 
 __all__ = ["TARGET", "kernel_for", "kernel_from", "run"]
 
 #: The engine runner (``KernelSpec.target``).
 TARGET = "pytest_mla.engines.sglang.checks:run"
 PACKAGE = "sglang"
-#: Decode backends checked on this host's CPU, under Triton's interpreter.
-INTERPRETED = ("triton",)
-#: Decode backends whose kernels are plain torch: they run on this host's CPU as they are.
-NATIVE = ("torch_native", "flex_attention")
 #: ``--triton-attention-num-kv-splits`` the checks run with (SGLang's default is 8); see docs/engines.md.
 NUM_KV_SPLITS = 2
-#: Where each backend runs for real, and what it needs there (backend -> (archs, modules)).
-GPU_BACKENDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "flashinfer": (("sm80", "sm90", "sm100"), ("flashinfer", "sgl_kernel")),
-    "fa3": (("sm80", "sm90"), ("sgl_kernel",)),
-    # FA4: SGLang's vendored CuTe copy needs NVIDIA's CuTe DSL (``cutlass``); on SM120 another module
-    "fa4": (("sm80", "sm90", "sm100"), ("cutlass",)),
-    "flashmla": (("sm90", "sm100"), ("sgl_kernel",)),
-    "cutlass_mla": (("sm100",), ("sgl_kernel",)),
-    "trtllm_mla": (("sm100",), ("flashinfer", "sgl_kernel")),
-    "trtllm_mha": (("sm90", "sm100"), ("flashinfer", "sgl_kernel")),
-    "cutedsl_mla": (("sm100",), ("cutlass", "sgl_kernel")),
-    "tokenspeed_mla": (("sm100",), ("sgl_kernel",)),
-    # Qwen's sparse attention decodes through flash_attn (FA2) or FA4's CuTe varlen (its _flash_attn_varlen_func)
-    "qsa": (("sm80", "sm90", "sm100"), ("flash_attn",)),
-}
-#: CUDA decode backends whose own code runs here around emulated kernels (``emulation``) when
-#: their GPU is not: every kernel library call they make has an emulation in ``kernels.emulated``.
-#: qsa's does not (its FA2 / FA4 varlen fallback): its code runs up to its first kernel library, and a
-#: run that reaches one is not-run naming it (``run``); on a model without a QSA indexer its forward
-#: metadata raises before that (a finding, matrix/sglang.toml).
-EMULATED = ("flashinfer", "fa3", "fa4", "flashmla", "trtllm_mla", "trtllm_mha", "cutedsl_mla", "qsa")
-#: Decode backends whose DSA-checkpoint cells the checks do not model: QSA's backend answers the DSA
-#: indexer's ``get_indexer_metadata`` with metadata of its own (qwen_sparse_attn_backend.py).
-DSA_UNMODELLED = ("qsa",)
 
 # ---- what a cell runs (called by the adapter's configure) --------------------------------------
 
@@ -106,7 +79,7 @@ def kernel_from(cell: Any, model: Any, server_args: Any, runner: Any, kernel_tar
     host_arch = None if kernel_target in ("interpreter", "cpu") else kernel_target
     reason = not_runnable(cell, runner.decode_attention_backend_str, host_arch)
     # (another platform's cell, in its child: ``kernel_for`` says whether its check runs there)
-    if reason is not None and runner.decode_attention_backend_str not in EMULATED and platform is None:
+    if reason is not None and backend(runner.decode_attention_backend_str).cpu_check != "emulated" and platform is None:
         return None, reason  # nothing more to read: the backend cannot run here
     tp = int(server_args.tp_size)
     dcp = max(int(getattr(server_args, "dcp_size", 1) or 1), 1)
@@ -142,13 +115,12 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     cells that resolve to the same engine kernel share one check.
     """
     spec = parse_spec(cell.spec)
+    record = backend(decode_backend)
     reason = not_runnable(cell, decode_backend, host_arch)
-    emulate = reason is not None and decode_backend in EMULATED
+    emulate = reason is not None and record.cpu_check == "emulated"
     if platform is not None:  # another platform's cell, resolved in its child: its check runs there
-        from .platform_check import PLATFORM_CHECKS
-
         emulate, reason = False, None
-        if decode_backend not in PLATFORM_CHECKS.get(platform, ()):
+        if platform not in record.checked_on:
             reason = f"SGLang's {decode_backend} on the {platform} platform has no check"
         platform_ops = platform_emulations(cell, model, platform, decode_backend)
     # A DSA checkpoint (index_topk) on a dense backend: SGLang builds its DSA KV pool and runs the
@@ -156,7 +128,7 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     # every cached token (``DSA_DENSE``; docs/engines.md). QSA's backend has indexer metadata of its
     # own, which the DSA indexer would read: not modelled.
     dsa = bool(getattr(model, "index_topk", 0))
-    if (reason is None or emulate) and dsa and decode_backend in DSA_UNMODELLED:
+    if (reason is None or emulate) and dsa and record.dsa_unmodelled:
         reason = (f"SGLang serves {cell.model}, a DeepSeek DSA checkpoint, with its DSA KV pool and its indexer's "
                   "top-k handed to the backend (DeepseekMLAForwardMixin, use_dsa: forward_mla.py's indexer call); "
                   f"{decode_backend}'s backend has indexer metadata of its own (get_indexer_metadata), which the "
@@ -178,14 +150,14 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         # SGLang's MLA write paths disagree on what an FP8 row holds when k_scale != 1: triton's
         # decode and trtllm_mla's extend divide by k_scale first, flashinfer's and the pool's plain
         # doors (set_kv_buffer, set_mla_kv_buffer) store K as it is. The cached tokens come from
-        # whichever prefill served them: the check fills the cache each way (pools._write_mla).
+        # whichever prefill served them: the check fills the cache each way (rank.RankSetup._write_mla).
         ("kv_conventions", MLA_KV_CONVENTIONS if model.mla else None),
         ("emulate", emulate),
         # the arch the backend's code sees (it branches on it); an interpreted or native check runs
         # the same on every CUDA arch, an emulated one under the cell's faked platform, another
         # platform's cell in that platform's child under its own arch (``platform_check``)
         # (a DSA checkpoint's native CUDA check too: its server arguments resolve per arch, ``run``)
-        ("arch", cell.arch if emulate or platform is not None or (dsa and decode_backend in NATIVE) else None),
+        ("arch", cell.arch if emulate or platform is not None or (dsa and record.cpu_check == "native") else None),
         ("platform", platform),
         ("platform_emulations", platform_ops if platform is not None else ()),
         # a DSA checkpoint: SGLang's DSA KV pool and its indexer's gate (``DSA_DENSE``)
@@ -199,50 +171,37 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
     # (Fp8KVCacheMethod: k_scale 1.0 unless the checkpoint stores one); an unquantized checkpoint has none.
     case.append(("kv_scales", (1.0, "pow2") if model.quant_method != "none" else (1.0,)))
     method = "forward_extend" if spec.enabled else "forward_decode"
-    name = _class_of(decode_backend)
     return KernelSpec(
         name=decode_backend, target=TARGET, protocol="engine",
         level="emulated" if emulate or (platform is not None and platform_ops) else "backend",
-        package=PACKAGE, function=f"{backend_module(decode_backend)}:{name}.{method}", options=options,
-        case=tuple(case), returns_lse=False, fp8_dots=decode_backend in INTERPRETED,
+        package=PACKAGE, function=f"{record.module}:{record.class_name}.{method}", options=options,
+        case=tuple(case), returns_lse=False, fp8_dots=record.cpu_check == "interpreted",
     ), ""
 
 
 #: Compiled ops of a platform's own sgl_kernel build that a platform check's path calls, with an emulation in
 #: ``kernels.emulated`` (used where this host's torch lacks the op): (platform, arch, MLA model?) -> ops.
 #: ``cpu_amx`` and ``xpu``: a GQA pool's writes (``memory_pool._set_kv_buffer_impl``: ``_is_cpu and
-#: _cpu_has_amx_support``, ``_is_xpu``), except TritonAttnBackend's under DCP, which go through the
-#: pool's masked path (``_set_kv_buffer``, triton_backend.py ``if self.dcp_size > 1``) and never reach it.
+#: _cpu_has_amx_support``, ``_is_xpu``), except a backend's whose DCP writes take the pool's masked path
+#: (``Backend.masked_dcp_writes``), which never reach it.
 PLATFORM_OPS = {("cpu", "cpu_amx", False): ("torch.ops.sgl_kernel:store_cache_cpu",),
                 ("xpu", "xpu", False): ("sgl_kernel:store_cache_xpu",)}
-#: A platform backend's own kernel-library calls on its check's path, emulated in ``kernels.emulated``:
-#: (platform, decode backend, MLA model?) -> ops. SGLang's ``IntelAMXAttnBackend`` decodes with
-#: ``decode_attention_cpu`` (which writes the new token's K/V too) and extends / verifies with
-#: ``extend_attention_cpu`` (intel_amx_backend.py), for any model. ``intel_xpu`` with an MLA model
-#: (``xpu_backend.py``, ``use_mla``): ``init_forward_metadata`` sizes its workspaces, ``forward_decode`` calls
-#: ``flash_mla_decode``, ``forward_extend`` (target verify, draft extend) ``flash_mla_prefill``
-#: (``sgl_kernel_xpu_attention``); without MLA both call ``sgl_kernel.flash_attn``'s ``flash_attn_with_kvcache``,
-#: sgl-kernel-xpu's, not FA3's (``sgl_kernel_xpu_flash_attn``, installed from the XPU platform's registry).
-_CPU_ATTENTION_OPS = ("torch.ops.sgl_kernel:decode_attention_cpu", "torch.ops.sgl_kernel:extend_attention_cpu")
-BACKEND_OPS = {("cpu", "intel_amx", True): _CPU_ATTENTION_OPS, ("cpu", "intel_amx", False): _CPU_ATTENTION_OPS,
-               ("xpu", "intel_xpu", True): ("sgl_kernel:flash_mla_decode", "sgl_kernel:flash_mla_prefill",
-                                            "sgl_kernel:flash_mla_decode_get_workspace_size",
-                                            "sgl_kernel:flash_mla_prefill_get_workspace_size"),
-               ("xpu", "intel_xpu", False): ("sgl_kernel.flash_attn:flash_attn_with_kvcache",)}
 
 
 def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: str) -> tuple[str, ...]:
-    """The ops of ``PLATFORM_OPS`` and ``BACKEND_OPS`` the cell's platform check calls and this host does not have."""
+    """The ops of ``PLATFORM_OPS`` and the backend's ``platform_ops`` the cell's platform check calls and this
+    host does not have."""
     import importlib
 
     import torch
 
-    if decode_backend == "triton" and int(cell.dcp) > 1:
+    record = backend(decode_backend)
+    if record.masked_dcp_writes and int(cell.dcp) > 1:
         return ()
     from ..common.gpu_steps import _KernelName
 
     ops = PLATFORM_OPS.get((platform, str(cell.arch), bool(model.mla)), ())
-    ops += BACKEND_OPS.get((platform, decode_backend, bool(model.mla)), ())
+    ops += record.platform_ops.get((platform, bool(model.mla)), ())
     missing = []
     for op in ops:
         path, _, name = op.partition(":")
@@ -260,9 +219,10 @@ def platform_emulations(cell: Any, model: Any, platform: str, decode_backend: st
 
 def not_runnable(cell: Any, decode_backend: str, host_arch: str | None) -> str | None:
     """Why SGLang's ``decode_backend`` cannot run for ``cell`` on this host (None: it can)."""
-    if decode_backend in INTERPRETED or decode_backend in NATIVE:
+    record = backend(decode_backend)
+    if record.cpu_check in ("interpreted", "native"):
         return None
-    archs, modules = GPU_BACKENDS.get(decode_backend, ((), ()))
+    modules = record.gpu_libraries
     missing = [m for m in modules if not _importable(m)]
     if host_arch is None or host_arch != cell.arch or missing:
         needs = f"a CUDA {cell.arch} GPU" + (f" with {', '.join(modules)} installed" if modules else "")
@@ -282,24 +242,15 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _class_of(backend: str) -> str:
-    return {"triton": "TritonAttnBackend", "flashinfer": "FlashInferMLAAttnBackend", "fa3": "FlashAttentionBackend",
-            "fa4": "FlashAttentionBackend", "flashmla": "FlashMLABackend", "cutlass_mla": "CutlassMLABackend", "trtllm_mla": "TRTLLMMLABackend",
-            "trtllm_mha": "TRTLLMHAAttnBackend", "cutedsl_mla": "CuteDslMLABackend",
-            "torch_native": "TorchNativeAttnBackend", "flex_attention": "TorchFlexAttnBackend",
-            "qsa": "QwenSparseAttnBackend", "intel_amx": "IntelAMXAttnBackend",
-            "intel_xpu": "XPUAttentionBackend"}.get(backend, backend)
-
-
 # ---- the engine runner -------------------------------------------------------------------------
 
 
 def run(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     """One DCP rank of a check: build SGLang's pieces for ``inputs``, run its attention path, return the rank's heads."""
-    from . import pools
+    from .rank import load_engine
 
-    engine = pools.load_engine()
-    if options["backend"] == "flex_attention":
+    engine = load_engine()
+    if backend(options["backend"]).compiled_by_torch:
         if options.get("dsa") and options.get("arch") and options.get("platform") is None:
             from . import emulation
 
@@ -427,11 +378,11 @@ def _missing_op(exc: BaseException) -> str | None:
 def _run_rank(engine: Any, inputs: Any, ctx: Any, options: Mapping[str, Any], shared: Any) -> Any:
     import dataclasses
 
-    from . import pools
+    from .rank import RankSetup
 
     with _ADAPTER_STAGE("set up SGLang for the check"):
-        rank = pools.RankSetup.build(engine, inputs, ctx, options)
-    compiled = _compiled_counts() if options["backend"] == "flex_attention" else None
+        rank = RankSetup.build(engine, inputs, ctx, options)
+    compiled = _compiled_counts() if backend(options["backend"]).compiled_by_torch else None
     try:
         result = rank.compute()
     finally:
@@ -488,7 +439,7 @@ class _AdapterStage:
         except (AdapterError, OutOfContractError, OutOfRangeRead):  # an emulation's refusal is the run's verdict, not ours
             raise
         except Exception as exc:
-            if getattr(exc, "mla_engine_raised", False):  # SGLang's own code raised (pools marks it): a finding
+            if getattr(exc, "mla_engine_raised", False):  # SGLang's own code raised (rank marks it): a finding
                 raise
             from .support import adapter_error
 

@@ -129,14 +129,14 @@ def _validation_stubs_replaced() -> Iterator[None]:
 def _enter(engine: Any, options: dict[str, Any]) -> Scope:
     from ...kernels.emulated.install import emulations_installed
     from ..common.cpu_host import cpu_host
-    from .support import backend_module
+    from .backends import backend
 
     stack = contextlib.ExitStack()
     try:
         host = stack.enter_context(cpu_host())
         stack.enter_context(_platform(engine, options["arch"]))
         log = stack.enter_context(emulations_installed(emulation_names(), late_imports=("sglang",),
-                                                       preload=[backend_module(options["backend"])]))
+                                                       preload=[backend(options["backend"]).module]))
         stack.enter_context(_validation_stubs_replaced())
     except BaseException:
         stack.close()

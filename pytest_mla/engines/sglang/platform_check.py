@@ -39,15 +39,14 @@ from typing import Any, Iterator, Mapping
 from ...core.cells import platform_of
 from ..common.shared_scope import SharedScope
 from ..common.sources import source_of
+from .backends import backend
 
-__all__ = ["FP8_PROBES", "PLATFORM_CHECKS", "PLATFORM_LABELS", "derived_constants", "emulations", "notes", "scope"]
+__all__ = ["FP8_PROBES", "PLATFORM_LABELS", "derived_constants", "emulations", "notes", "scope"]
 
-#: The decode backends whose check runs in each platform's child (``kernel_for``), at level ``backend``, or
-#: ``emulated`` where the path calls compiled ops of the platform's own library this host lacks
-#: (``checks.platform_emulations``: ``intel_amx``'s sgl-kernel CPU attention ops and ``intel_xpu``'s MLA ops
-#: always, a GQA pool's ``store_cache_*``).
-PLATFORM_CHECKS = {"rocm": ("triton", "torch_native"), "cpu": ("triton", "torch_native", "intel_amx"),
-                   "xpu": ("triton", "torch_native", "intel_xpu")}
+# Which decode backends' checks run in a platform's child is each backend's ``checked_on`` (``backends``): at
+# level ``backend``, or ``emulated`` where the path calls compiled ops of the platform's own library this host
+# lacks (``checks.platform_emulations``: ``intel_amx``'s sgl-kernel CPU attention ops and ``intel_xpu``'s MLA ops
+# always, a GQA pool's ``store_cache_*``).
 PLATFORM_LABELS = {"rocm": "ROCm", "cpu": "CPU", "xpu": "XPU", "npu": "NPU"}
 
 #: The modules of the check's path (attention kernels and backends, pools, DCP, the DeepSeek attention).
@@ -112,17 +111,7 @@ def notes(options: Mapping[str, Any], changed: list[str]) -> tuple[str, ...]:
         said.append(f"SGLang constants derived from the arch probes when their modules loaded, derived again for "
                     f"{options['arch']}: " + ", ".join(on_path or ["none on the attention path"])
                     + (f" (and {others} in other modules)" if others else ""))
-    if options["backend"] == "intel_amx":
-        said.append("SGLang's IntelAMXAttnBackend ran on this host's CPU around sgl-kernel's CPU attention ops")
-    elif options["backend"] == "triton":
-        said.append("SGLang's Triton kernels ran under Triton's interpreter on this host's CPU"
-                    + (" (Triton has no compiler for the CPU platform)" if platform == "cpu" else
-                       f" (no {label} device here)"))
-    elif options["backend"] == "intel_xpu":
-        said.append(f"SGLang's XPUAttentionBackend ran on this host's CPU (no {label} device here)")
-    else:
-        said.append(f"torch ran on this host's CPU (no {label} device here)" if platform != "cpu" else
-                    "torch ran on this host's CPU")
+    said.append(backend(options["backend"]).platform_note(platform, label))
     return tuple(said)
 
 

@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ...core.cells import arch_number, platform_of
 from ..common.sources import source_of
+from .support import sglang_bindings
 
 #: ``--device`` of each platform.
 DEVICES = {"cuda": "cuda", "rocm": "cuda", "cpu": "cpu", "xpu": "xpu", "npu": "npu"}
@@ -171,7 +172,7 @@ def fake_import_platform(platform: str, lifetime: contextlib.ExitStack) -> list[
         real = getattr(common, name, None)
         if real is None:
             continue
-        for module, key in _bindings(real):
+        for module, key in sglang_bindings(real):
             setattr(module, key, fake)
     srt_platforms = importlib.import_module("sglang.srt.platforms")
     module_name, class_name = SRT_PLATFORMS[platform]
@@ -283,7 +284,7 @@ class ArchProbes:
             return
         self._bound_at = len(sys.modules)
         for name, real in self._real.items():
-            for module, key in _bindings(real):
+            for module, key in sglang_bindings(real):
                 setattr(module, key, self._dispatch[name])
 
     @contextlib.contextmanager
@@ -337,17 +338,6 @@ def _constant(value: Any, *args: Any, **kwargs: Any) -> Any:
 def _sm_of(capability: tuple[int | None, int | None]) -> int:
     major, minor = capability
     return (major or 0) * 10 + (minor or 0)
-
-
-def _bindings(obj: Any) -> list[tuple[types.ModuleType, str]]:
-    """Every ``(sglang module, name)`` bound to ``obj`` now."""
-    found = []
-    for name, module in list(sys.modules.items()):
-        if module is not None and (name == "sglang" or name.startswith("sglang.")):
-            for key, value in list(vars(module).items()):
-                if value is obj:
-                    found.append((module, key))
-    return found
 
 
 def _gfx_probe_prefixes(common: types.ModuleType) -> dict[str, tuple[str, ...]]:

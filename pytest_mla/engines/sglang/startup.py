@@ -1,6 +1,6 @@
-"""The real SGLang engine: its argument resolution, backend factories, constructors and draft worker.
+"""SGLang's own start-up, run on a faked GPU up to its first GPU step: resolution, factories, constructors.
 
-For a cell the adapter does what ``sglang serve`` does before it serves, in
+For a cell ``Startup`` does what ``sglang serve`` does before it serves, in
 the same order, with SGLang's own code:
 
 1. **Server arguments**: the argv ``sglang serve`` parses (for a backend name
@@ -56,7 +56,6 @@ import importlib.metadata
 import importlib.util
 import inspect
 import io
-import logging
 import os
 import sys
 import textwrap
@@ -71,11 +70,10 @@ from ...core.spec import parse_spec
 from ..common import quiet as _quiet
 from ..common.gpu_steps import GpuResource, GpuStep, UnsetField, cuda_absent, engine_frame, kernel_library_stubs, missing_libraries
 from ..common.gpu_steps import stop_at_gpu_steps
-from ..protocol import AdapterError, Configured, Engine, UnreachableError
-from ..common.platform_process import PLATFORM_ENV, PlatformProcess
-from .platforms import PLAIN_LOADS, PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, fake_import_platform, known_archs
-from .platforms import platform_fact_names, platform_facts
-from .support import KERNEL_LIBRARIES, STUBS, adapter_error
+from ..protocol import AdapterError, UnreachableError
+from .platforms import PLAIN_LOADS, PLATFORM_LIBRARIES, arch_probes, capability_of, device_of, platform_fact_names
+from .platforms import platform_facts
+from .support import KERNEL_LIBRARIES, adapter_error, sglang_bindings
 
 if importlib.util.find_spec("sglang") is None:  # the registry turns this into "unavailable"
     raise ImportError("sglang is not installed in this environment", name="sglang")
@@ -93,10 +91,6 @@ STUBBED_KERNEL_LIBRARIES = ("sgl_kernel", "flash_mla", "tokenspeed_mla")
 
 #: SGLang's JIT kernel loader: entering it compiles CUDA code for the device, a GPU step.
 JIT_LOADERS = (("sglang.kernels.jit.utils.compile.loader", "load_jit"),)
-
-#: The catalogue models whose configs decide ``registered_backends``: a dense MLA model and a
-#: sparse (DSA) one, so that the sparse MLA backends (``dsa``, its alias ``nsa``) count as MLA-capable.
-MLA_PROBE_MODELS = ("deepseek-v3", "deepseek-v3.2")
 
 _BACKEND_OPTIONS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 _SPEC_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "nextn": "NEXTN"}
@@ -176,7 +170,7 @@ class Stop:
         return construction_stop_note(self.phase, self.unit, self.step, self.where)
 
 
-class _RunnerAttributeError(AttributeError):
+class RunnerAttributeError(AttributeError):
     """SGLang read a model-runner attribute the adapter's stand-in does not have."""
 
 
@@ -241,51 +235,34 @@ class _SGLang:
         self.package_dir = os.path.dirname(os.path.abspath(importlib.import_module("sglang").__file__ or ""))
 
 
-class SGLangEngine(Engine):
-    """Adapter for an installed ``sglang`` (``[engine] name = "sglang"``)."""
+class Startup:
+    """SGLang's start-up in this process, run for one cell at a time under that cell's platform.
 
-    name = ENGINE
-    #: SGLang refuses with ``ValueError`` (factories, resolution hooks, constructors) and
-    #: ``AssertionError`` (``assert`` checks in fa3/triton factories and the CuteDSL prefill check).
-    refusal_errors: tuple[type[BaseException], ...] = (ValueError, AssertionError)
+    Finds SGLang's pieces in the installed release once (``AdapterError`` naming
+    the one that is missing), then for a cell: the cell's arch stated
+    (``cell_context``), its arguments resolved (``resolve``), the draft model
+    config, and the target's and draft's backends constructed up to their first
+    GPU step (``construct_target``, ``construct_draft``).
+    """
 
-    def __init__(self, platform: str | None = None) -> None:
-        from ...kernels._mode import ensure_triton_mode
-        from ..common.import_stubs import install_stubs
-
-        # SGLang's modules decorate @triton.jit kernels on import: decide the mode first.
-        self._kernel_target = ensure_triton_mode()
-        self.version = importlib.metadata.version("sglang")
-        #: The platform this process fakes (``cuda`` unless it is a child for another one: the cells
-        #: of other platforms go to a child each, see ``engines/common/platform_process.py``).
-        self.platform = platform or os.environ.get(PLATFORM_ENV) or "cuda"
-        self._children: dict[str, PlatformProcess] = {}
-        self.stubs: list[str] = []
-        for root, attrs in STUBS.items():
-            self.stubs += install_stubs([root], attrs)
-        self._lifetime = contextlib.ExitStack()
-        if self.platform != "cuda":  # before SGLang's modules load and ask
-            self.stubs += fake_import_platform(self.platform, self._lifetime)
-        logging.getLogger("sglang").setLevel(logging.ERROR)
-        self._broken: AdapterError | None = None
-        self._registered: dict[str, bool] | None = None
+    def __init__(self, version: str, platform: str, refusal_errors: tuple[type[BaseException], ...]) -> None:
+        self.version = version
+        self.platform = platform
+        self.refusal_errors = refusal_errors
+        self.kernel_stubs_made: set[str] = set()
+        self.runner_misses: set[str] = set()
         self._capability: tuple[int, int] | None = None
         self._class_modules: set[str] | None = None
-        self._kernel_stubs_made: set[str] = set()
-        self._runner_misses: set[str] = set()
         self._import_failures: dict[str, str] = {}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self._sg = _SGLang(self.version)
-            self._facts = self._platform_fact_names()
-            self._cli_parser = _cli_parser(self._sg.server_args_cls)
-            self._cli_choices = _cli_choices(self._cli_parser)
-            self._install_capability()
-            self._arch_probes = arch_probes()
-            self._load_plain()
-        except AdapterError as exc:  # every cell reports it, naming the step (never a refusal)
-            self._broken = exc
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.sg = _SGLang(version)
+        self.fact_names = platform_fact_names(self.sg.rc, version)
+        self._cli_parser = _cli_parser(self.sg.server_args_cls)
+        self._cli_choices = _cli_choices(self._cli_parser)
+        self._install_capability()
+        self._arch_probes = arch_probes()
+        self._load_plain()
 
     def _load_plain(self) -> None:
         """``PLAIN_LOADS`` of this process's platform, loaded under its plain arch (not a cell's)."""
@@ -301,132 +278,10 @@ class SGLangEngine(Engine):
                 raise adapter_error("platform", f"cannot load {name} as on a plain {arch}: "
                                                 f"{type(exc).__name__}: {exc}") from None
 
-    # -- Engine protocol -------------------------------------------------------------
-    def configure(self, cell: Cell, model: ModelConfig) -> Configured:
-        platform = platform_of(cell.arch)
-        if platform is not None and platform != self.platform:
-            return self._child(platform).configure(cell, model)
-        if self._broken is not None:
-            raise self._broken
-        try:
-            return self._configure(cell, model)
-        except (AssertionError, RuntimeError) as exc:
-            if self.platform in ("cuda", "rocm") or not cuda_absent(exc):
-                raise
-            # SGLang asked torch.cuda on a platform without CUDA: that build's torch refuses as this
-            # host's does. The engine's own failure there, never one of its refusals.
-            where = engine_frame(exc.__traceback__, self._sg.package_dir)
-            at = f"{where[0]} ({where[1]})" if where else "SGLang"
-            raise CudaQueryWithoutCuda(f"{at} asks torch.cuda on the {self.platform} platform, which has no CUDA: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-        except ModuleNotFoundError as exc:
-            library = (exc.name or "").split(".", 1)[0]
-            if library not in PLATFORM_LIBRARIES:
-                raise
-            where = engine_frame(exc.__traceback__, self._sg.package_dir)
-            at = f"{where[0]} ({where[1]})" if where else "SGLang"
-            raise UnreachableError("construct", f"{at} imports {exc.name!r} ({PLATFORM_LIBRARIES[library]}), which "
-                                   "does not exist for this host: SGLang's checks after that import did not run",
-                                   engine=ENGINE, version=self.version) from exc
-
-    def _child(self, platform: str) -> PlatformProcess:
-        """This release's adapter built for ``platform``, in its own process (started once)."""
-        if self._broken is not None:
-            raise self._broken
-        child = self._children.get(platform)
-        if child is None:
-            child = self._children[platform] = PlatformProcess(f"{__name__}:SGLangEngine", platform, engine=ENGINE,
-                                                               version=self.version)
-        return child
-
-    def known_archs(self) -> tuple[str, ...]:
-        """The arch values this release has a platform for (read from its sources)."""
-        return known_archs()
-
-    def _configure(self, cell: Cell, model: ModelConfig) -> Configured:
-        with self.cell_context(cell):
-            resolution = self._resolve(cell, model)
-            try:
-                draft_config = self._draft_model_config(resolution) if self._is_spec(resolution) else None
-                target, stops = self._construct_target(resolution)
-                draft: dict[str, str] = {}
-                if draft_config is not None:
-                    draft, draft_stops = self._construct_draft(resolution, draft_config)
-                    stops += draft_stops
-            except GpuStep as step:  # outside any construction phase: the adapter let one through
-                raise AdapterError("construct", f"a GPU step escaped the construction phases: {step.what}",
-                                   engine=ENGINE, version=self.version) from None
-            except _RunnerAttributeError as exc:
-                raise AdapterError("construct", str(exc), engine=ENGINE, version=self.version) from None
-        notes = resolution.notes + list(dict.fromkeys(stop.note() for stop in stops))
-        kernel, kernel_reason = self.kernel_for(cell, model, resolution)
-        return Configured(backends={**target, **draft}, kernel=kernel, kernel_reason=kernel_reason,
-                          notes=tuple(notes))
-
-    def kernel_for(self, cell: Cell, model: ModelConfig, resolution: Resolution) -> tuple[Any, str | None]:
-        """The decode kernel to check for an accepted cell (``KernelSpec`` or None, and why not)."""
-        from .checks import kernel_from
-
-        from .platform_check import PLATFORM_CHECKS
-
-        if self.platform != "cuda" and resolution.decode_backend not in PLATFORM_CHECKS.get(self.platform, ()):
-            return None, other_platform_reason(resolution.decode_backend, cell.arch, self.platform)
-
-        facts = types.SimpleNamespace(kv_cache_dtype=resolution.kv_cache_dtype, model_config=resolution.model_config,
-                                      decode_attention_backend_str=resolution.decode_backend,
-                                      page_size=resolution.page_size)
-        return kernel_from(cell, model, resolution.server_args, facts, self._kernel_target,
-                           platform=None if self.platform == "cuda" else self.platform)
-
-    def run_check(self, case: Any, spec: Any, *, where: str, dcp_mode: str, timeout_s: float) -> Any:
-        """A check of another platform's cell runs in that platform's child (None: in this process)."""
-        platform = spec.option_map.get("platform") if spec.protocol == "engine" else None
-        if platform is None or platform == self.platform:
-            return None
-        return self._child(platform).run_check(case, spec, where=where, dcp_mode=dcp_mode, timeout_s=timeout_s)
-
-    def metadata(self) -> Mapping[str, Any]:
-        data: dict[str, Any] = {
-            "engine": ENGINE,
-            "version": self.version,
-            "stubs": list(self.stubs),
-            "faked": "runtime_context.override_platform + get_device_capability",
-            "constructors": "run until their first GPU step (see docs/engines.md)",
-            "kernel_library_stubs": sorted(self._kernel_stubs_made),
-        }
-        if self._broken is None:
-            data["platform_facts"] = sorted(self._facts)
-        if self._runner_misses:
-            data["runner_attributes_probed_absent"] = sorted(self._runner_misses)
-        return data
-
-    def registered_backends(self) -> dict[str, bool]:
-        """Every name in SGLang's attention-backend registry, mapped to whether it can serve MLA models.
-
-        Decided by SGLang's own code: each registered factory is called, as the
-        model runner calls it, for DeepSeek-V3 (an MLA model) and DeepSeek-V3.2
-        (sparse MLA) on sm80, sm90 and sm100, its constructor running to its
-        first GPU step. A backend is
-        MLA-capable when on at least one arch the factory and constructor do
-        not refuse the MLA model with a ``ValueError``/``AssertionError``
-        (e.g. ``trtllm_mha``: "can only be used with non-MLA models" on every
-        arch → False; ``fa3`` refuses MLA on sm80/sm100 but not on sm90 →
-        True). A factory that fails for another reason (a module of another
-        platform that cannot import here) does not refuse the model: True.
-        """
-        if self._broken is not None:
-            raise self._broken
-        if self._registered is None:
-            self._registered = {name: self._serves_mla(name) for name in sorted(self._sg.backends)}
-        return dict(self._registered)
-
     # -- the cell's platform --------------------------------------------------------------
-    def _platform_fact_names(self) -> set[str]:
-        return platform_fact_names(self._sg.rc, self.version)
-
     def facts(self, arch: str) -> dict[str, Any]:
         """The platform facts of ``arch`` that the installed release knows."""
-        return {k: v for k, v in platform_facts(arch).items() if k in self._facts}
+        return {k: v for k, v in platform_facts(arch).items() if k in self.fact_names}
 
     def _install_capability(self) -> None:
         """``get_device_capability()`` answers the active cell's arch wherever SGLang bound it.
@@ -437,7 +292,7 @@ class SGLangEngine(Engine):
         that imported the probe by name gets the dispatcher, and modules
         imported later bind it from ``sglang.srt.utils``.
         """
-        common = self._sg.utils_common
+        common = self.sg.utils_common
         real = getattr(common, "get_device_capability", None)
         if real is None:
             raise AdapterError("platform", "sglang.srt.utils.common.get_device_capability not found",
@@ -478,7 +333,7 @@ class SGLangEngine(Engine):
         capability = capability_of(cell.arch)
         torch_capability = torch.cuda.get_device_capability
         self._rebind_capability()
-        with _quiet.quiet(), self._sg.rc.override_platform(**facts), self._arch_probes.on(cell.arch), \
+        with _quiet.quiet(), self.sg.rc.override_platform(**facts), self._arch_probes.on(cell.arch), \
                 _derived_for(cell.arch):
             self._capability = capability
             if capability[0] is not None:
@@ -490,22 +345,15 @@ class SGLangEngine(Engine):
                 torch.cuda.get_device_capability = torch_capability  # type: ignore[assignment]
 
     # -- 1. server arguments and resolution ----------------------------------------------------
-    def resolution(self, cell: Cell, model: ModelConfig) -> Resolution:
-        """Resolve a cell's arguments as SGLang does and publish them (for the kernel side).
+    def resolve(self, cell: Cell, model: ModelConfig) -> Resolution:
+        """Resolve a cell's arguments as SGLang does and publish them (inside ``cell_context``).
 
-        Runs inside the cell's platform context; the returned record stays
-        valid until the next cell is resolved.
+        The returned record stays valid until the next cell is resolved.
         """
-        if self._broken is not None:
-            raise self._broken
-        with self.cell_context(cell):
-            return self._resolve(cell, model)
-
-    def _resolve(self, cell: Cell, model: ModelConfig) -> Resolution:
         path = MODEL_CONFIGS / cell.model
         if not (path / "config.json").is_file():
             raise LookupError(f"sglang adapter: no weightless config.json for model {cell.model!r} under {MODEL_CONFIGS}")
-        sg = self._sg
+        sg = self.sg
         kwargs = server_kwargs(cell, model, os.fspath(path))
         server_args = self._server_args(kwargs)
         server_args.resolve_once()  # SGLang's resolution pipeline: raises its own errors
@@ -537,12 +385,12 @@ class SGLangEngine(Engine):
         engine's own registry lookup then answers for the name.
         """
         if all(kwargs.get(f) is None or kwargs[f] in self._cli_choices.get(f, (kwargs[f],)) for f in _BACKEND_OPTIONS):
-            with _reused_cli_parser(self._sg.prepare_server_args, self._sg.server_args_cls, self._cli_parser):
-                return self._sg.prepare_server_args(argv_of(kwargs))  # `sglang serve ...`
-        return self._sg.server_args_cls(**{"log_level": "error", **kwargs})
+            with _reused_cli_parser(self.sg.prepare_server_args, self.sg.server_args_cls, self._cli_parser):
+                return self.sg.prepare_server_args(argv_of(kwargs))  # `sglang serve ...`
+        return self.sg.server_args_cls(**{"log_level": "error", **kwargs})
 
     @staticmethod
-    def _is_spec(resolution: Resolution) -> bool:
+    def is_spec(resolution: Resolution) -> bool:
         return parse_spec(resolution.cell.spec).enabled
 
     # -- the model runner the builders see ------------------------------------------------------
@@ -558,10 +406,10 @@ class SGLangEngine(Engine):
         ``configure_kv_cache_dtype``). Weights, KV pools, the index translator
         and the memory-derived sizes are :class:`GpuResource`\\ s.
         """
-        sg = self._sg
+        sg = self.sg
         rc = sg.rc
         spec = rc.get_spec()
-        runner = _stand_in(sg.model_runner_cls, self._runner_misses)(
+        runner = _stand_in(sg.model_runner_cls, self.runner_misses)(
             model_config=model_config,
             server_args=server_args,
             is_draft_worker=draft,
@@ -589,9 +437,9 @@ class SGLangEngine(Engine):
         return runner
 
     # -- 2. draft model config ------------------------------------------------------------------------
-    def _draft_model_config(self, resolution: Resolution) -> Any:
+    def draft_model_config(self, resolution: Resolution) -> Any:
         """The draft worker's ModelConfig, built by ``TpModelWorker._init_model_config`` as the draft worker does."""
-        init = getattr(self._sg.tp_worker_cls, "_init_model_config", None)
+        init = getattr(self.sg.tp_worker_cls, "_init_model_config", None)
         if init is None:
             raise AdapterError("draft model config", "TpModelWorker._init_model_config not found",
                                engine=ENGINE, version=self.version)
@@ -601,35 +449,35 @@ class SGLangEngine(Engine):
         return worker.model_config
 
     # -- 3. and 4. construction -----------------------------------------------------------------------
-    def _construct_target(self, resolution: Resolution) -> tuple[dict[str, str], list[Stop]]:
+    def construct_target(self, resolution: Resolution) -> tuple[dict[str, str], list[Stop]]:
         runner = resolution.runner
-        with self._constructing("target") as log:
+        with self.constructing("target") as log:
             built = log.run(lambda: self._build_runner_backend(runner), "target")
         runner.__dict__["attn_backend"] = built
-        return _roles(built, {"decode": "decode_backend", "prefill": "prefill_backend"}, log), log.stops
+        return roles_of(built, {"decode": "decode_backend", "prefill": "prefill_backend"}, log), log.stops
 
     def _build_runner_backend(self, runner: Any) -> Any:
         """``ModelRunner.init_attention_backends``: resolve the pair, stamp it, build it."""
-        sg = self._sg
+        sg = self.sg
         resolved = sg.resolve_strs(model_runner=runner)
         runner.prefill_attention_backend_str = resolved.prefill
         runner.decode_attention_backend_str = resolved.decode
         return sg.build_resolved(model_runner=runner, resolved=resolved, init_new_workspace=False)
 
-    def _construct_draft(self, resolution: Resolution, draft_config: Any) -> tuple[dict[str, str], list[Stop]]:
+    def construct_draft(self, resolution: Resolution, draft_config: Any) -> tuple[dict[str, str], list[Stop]]:
         """The EAGLE draft worker's backends: its runner's own, then ``DraftBackendFactory``'s."""
-        sg = self._sg
+        sg = self.sg
         spec = sg.rc.get_spec()
         draft_runner = self._runner(resolution.server_args, draft_config, draft=True)
         stops: list[Stop] = []
-        with self._constructing("draft runner") as log:
+        with self.constructing("draft runner") as log:
             own = log.run(lambda: self._build_runner_backend(draft_runner), "draft runner")
         draft_runner.__dict__["attn_backend"] = own
         stops += log.stops
         roles = {"draft": log.label(own, "draft runner")}
         worker = self._draft_worker(resolution, draft_runner)
-        factory = self._sg.draft_factory.__qualname__
-        with self._constructing("draft worker") as log:
+        factory = self.sg.draft_factory.__qualname__
+        with self.constructing("draft worker") as log:
             log.run(worker.init_attention_backend, "draft worker")
         stops += log.stops
         if spec.speculative_num_steps > 1:
@@ -646,7 +494,7 @@ class SGLangEngine(Engine):
         the resolved algorithm; its draft half (``EagleDraftWorker``) is built
         without its ``__init__`` (which loads the draft model on the GPU).
         """
-        sg = self._sg
+        sg = self.sg
         spec = sg.rc.get_spec()
         algorithm = sg.spec_algorithm.from_string(spec.speculative_algorithm)
         worker_cls = algorithm.create_worker(resolution.server_args)
@@ -675,16 +523,16 @@ class SGLangEngine(Engine):
         return worker
 
     @contextlib.contextmanager
-    def _constructing(self, phase: str) -> Iterator["_ConstructionLog"]:
+    def constructing(self, phase: str) -> Iterator["_ConstructionLog"]:
         """Constructors run to their first GPU step; kernel libraries not installed here are stubs."""
-        log = _ConstructionLog(phase, self._sg.package_dir, self.refusal_errors, self.version)
+        log = _ConstructionLog(phase, self.sg.package_dir, self.refusal_errors, self.version)
         with kernel_library_stubs(missing_libraries(STUBBED_KERNEL_LIBRARIES)) as made:
             self._import_backend_modules()
             self._rebind_capability()
             with _rebound(JIT_LOADERS, "SGLang JIT kernel build (compiles CUDA code for the device)"), \
                     stop_at_gpu_steps(), log.wrapping(self._backend_classes(), self._factory_methods()):
                 yield log
-        self._kernel_stubs_made.update(m.split(".", 1)[0] for m in made)
+        self.kernel_stubs_made.update(m.split(".", 1)[0] for m in made)
 
     def _import_backend_modules(self) -> None:
         """Import (once) the modules SGLang's factories import backend classes from, to wrap their classes.
@@ -696,8 +544,8 @@ class SGLangEngine(Engine):
         if self._class_modules is not None:
             return
         modules: set[str] = set()
-        sources = [*set(self._sg.backends.values()), self._sg.draft_factory,
-                   self._sg.build_resolved]
+        sources = [*set(self.sg.backends.values()), self.sg.draft_factory,
+                   self.sg.build_resolved]
         for obj in sources:
             modules |= _imported_modules(obj)
         loaded = set()
@@ -725,30 +573,9 @@ class SGLangEngine(Engine):
 
     def _factory_methods(self) -> list[tuple[type, str]]:
         """``DraftBackendFactory.create_*`` (decode, draft extend): each stops on its own, as a unit."""
-        cls = self._sg.draft_factory
+        cls = self.sg.draft_factory
         return [(cls, name) for name in sorted(vars(cls)) if name.startswith("create_") and callable(vars(cls)[name])]
 
-    def _serves_mla(self, name: str) -> bool:
-        """Whether SGLang's factory ``name`` (and its constructor's checks) accept an MLA model on some arch."""
-        from ...core.models import BUILTIN_MODELS
-
-        for model_name in MLA_PROBE_MODELS:
-            model = BUILTIN_MODELS[model_name]
-            for arch in ("sm80", "sm90", "sm100"):
-                cell = Cell(model=model_name, backend="triton", dcp=1, spec="none", arch=arch)
-                with self.cell_context(cell):
-                    resolution = self._resolve(cell, model)
-                    runner = resolution.runner
-                    runner.prefill_attention_backend_str = runner.decode_attention_backend_str = name
-                    try:
-                        with self._constructing("registry") as log:
-                            log.run(lambda: self._sg.backends[name](runner), "registry")
-                    except self.refusal_errors:
-                        continue
-                    except Exception:  # noqa: BLE001 - it failed for another reason: it did not refuse the model
-                        return True
-                    return True
-        return False
 
 
 def _derived_for(arch: str) -> Any:
@@ -779,49 +606,6 @@ def _fresh_resources(rc: Any) -> None:
     resources = getattr(context, "resources", None)
     if resources is not None:
         context.resources = type(resources)()
-
-
-class CudaQueryWithoutCuda(RuntimeError):
-    """SGLang asked ``torch.cuda`` for a device on a platform without CUDA (CPU, XPU, NPU): a crash of the engine
-    there (the real platform's torch answers the same), never a refusal."""
-
-
-#: SGLang backends of other platforms and the op or kernel callable each decodes with (``intel_amx`` is not
-#: here: its check runs in the CPU platform's child around emulations of sgl-kernel's CPU attention ops,
-#: ``platform_check.PLATFORM_CHECKS``).
-PLATFORM_DECODERS = {
-    "aiter": "aiter.mla.mla_decode_fwd",
-    "intel_xpu": "sgl-kernel-xpu's flash_mla_decode (an MLA model; flash_attn_with_kvcache otherwise)",
-    "ascend": "torch_npu's fused attention ops",
-    "wave": "wave_lang's decode kernel",
-}
-#: SGLang backends whose decode code is the CUDA process's, run on another platform's device there.
-DEVICE_DECODERS = {
-    "triton": "TritonAttnBackend.forward_decode's Triton kernel (decode_attention_fwd)",
-    "torch_native": "TorchNativeAttnBackend.forward_decode (torch.nn.functional.scaled_dot_product_attention)",
-}
-#: SGLang's sparse-attention backends and what they decode with.
-SPARSE_DECODERS = {
-    "dsa": "DeepseekSparseAttnBackend.forward_decode's sparse MLA kernels (the --dsa-decode-backend SGLang resolves "
-           "for the platform)",
-}
-
-
-def other_platform_reason(decode_backend: str, arch: str, platform: str) -> str:
-    """Why an accepted cell of a non-CUDA platform runs no check here, naming what it would need."""
-    if decode_backend == "aiter":
-        return "SGLang's aiter decodes with aiter.mla.mla_decode_fwd, which has no emulation yet"
-    if decode_backend in PLATFORM_DECODERS:
-        return f"SGLang's {decode_backend} decodes with {PLATFORM_DECODERS[decode_backend]}, which this host lacks"
-    if decode_backend in DEVICE_DECODERS:  # (ROCm, CPU and XPU run it: platform_check.PLATFORM_CHECKS)
-        return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
-                f"{DEVICE_DECODERS[decode_backend]} on a {platform} device, which this host lacks; its check runs "
-                "on the ROCm, CPU and XPU platforms only")
-    if decode_backend in SPARSE_DECODERS:
-        return (f"SGLang's {decode_backend} on the {platform} platform ({arch}) decodes with "
-                f"{SPARSE_DECODERS[decode_backend]}, which has no emulation yet")
-    return (f"SGLang's {decode_backend} on the {platform} platform ({arch}): the engine checks run on this "
-            "platform for SGLang's triton and torch_native backends only")
 
 
 class _ConstructionLog:
@@ -992,7 +776,7 @@ def _rebound(functions: tuple[tuple[str, str], ...], what: str) -> Iterator[None
             real = getattr(sys.modules.get(module_name), attr, None)
             if real is None:
                 continue
-            for module, key in _bindings(real):
+            for module, key in sglang_bindings(real):
                 if vars(module).get(key) is real:
                     saved.append((module, key, real))
                     setattr(module, key, stop)
@@ -1000,24 +784,6 @@ def _rebound(functions: tuple[tuple[str, str], ...], what: str) -> Iterator[None
     finally:
         for module, key, value in saved:
             setattr(module, key, value)
-
-
-_BINDINGS: dict[int, tuple[int, list[tuple[types.ModuleType, str]]]] = {}
-
-
-def _bindings(obj: Any) -> list[tuple[types.ModuleType, str]]:
-    """Every ``(sglang module, name)`` bound to ``obj`` (recomputed when modules were imported since)."""
-    cached = _BINDINGS.get(id(obj))
-    if cached is not None and cached[0] == len(sys.modules):
-        return cached[1]
-    found = []
-    for name, module in list(sys.modules.items()):
-        if module is not None and (name == "sglang" or name.startswith("sglang.")):
-            for key, value in list(vars(module).items()):
-                if value is obj:
-                    found.append((module, key))
-    _BINDINGS[id(obj)] = (len(sys.modules), found)
-    return found
 
 
 def _set_fields(self: Any, **fields: Any) -> None:
@@ -1030,7 +796,7 @@ def _stand_in_class(model_runner_cls: type) -> type:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         object.__getattribute__(self, "_mla_misses").add(name)
-        raise _RunnerAttributeError(f"SGLang read model_runner.{name}, which the adapter's stand-in model runner "
+        raise RunnerAttributeError(f"SGLang read model_runner.{name}, which the adapter's stand-in model runner "
                                     "does not provide", name=name, obj=self)
 
     return type(f"StandIn{model_runner_cls.__name__}", (model_runner_cls,),
@@ -1055,7 +821,7 @@ def _imported_modules(obj: Any) -> set[str]:
     return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
 
 
-def _roles(built: Any, children: Mapping[str, str], log: _ConstructionLog) -> dict[str, str]:
+def roles_of(built: Any, children: Mapping[str, str], log: _ConstructionLog) -> dict[str, str]:
     """Role → backend class: a hybrid's children by role, else the one backend for every role."""
     fields = getattr(built, "__dict__", {})
     if all(attr in fields and not isinstance(fields[attr], str) for attr in children.values()):

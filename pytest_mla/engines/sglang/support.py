@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-from typing import Any
+import inspect
+import sys
+import types
+from typing import Any, Callable
 
 from ...core.errors import AdapterError
 
-__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "backend_module", "make_dataclass", "missing_kernel_library"]
+__all__ = ["CUDA_TOOLKIT", "EMULATED_LIBRARIES", "KERNEL_LIBRARIES", "STUBS", "adapter_error", "construct", "make_dataclass", "missing_kernel_library", "sglang_bindings"]
 
 #: The kernel libraries SGLang's CUDA attention backends call (emulated at level ``emulated``).
 EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")  # sglang: its own JIT kernels
@@ -40,21 +43,12 @@ def make_dataclass(cls: type, **values: Any) -> Any:
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def backend_module(backend: str) -> str:
-    """The module of SGLang's backend class for ``backend`` (``sglang`` when unknown)."""
-    return {"triton": "sglang.srt.layers.attention.triton_backend",
-            "flashinfer": "sglang.srt.layers.attention.flashinfer_mla_backend",
-            "fa3": "sglang.srt.layers.attention.flashattention_backend",
-            "fa4": "sglang.srt.layers.attention.flashattention_backend",
-            "flashmla": "sglang.srt.layers.attention.flashmla_backend",
-            "cutlass_mla": "sglang.srt.layers.attention.cutlass_mla_backend",
-            "trtllm_mla": "sglang.srt.layers.attention.trtllm_mla_backend",
-            "trtllm_mha": "sglang.srt.layers.attention.trtllm_mha_backend",
-            "cutedsl_mla": "sglang.srt.layers.attention.cutedsl_mla_backend",
-            "torch_native": "sglang.srt.layers.attention.torch_native_backend",
-            "flex_attention": "sglang.srt.layers.attention.torch_flex_backend",
-            "intel_amx": "sglang.srt.layers.attention.intel_amx_backend",
-            "intel_xpu": "sglang.srt.layers.attention.xpu_backend"}.get(backend, "sglang")
+def construct(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` with the keyword arguments its signature accepts (they move between releases)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(*args, **kwargs)
 
 
 def missing_kernel_library(exc: BaseException) -> str | None:
@@ -66,3 +60,24 @@ def missing_kernel_library(exc: BaseException) -> str | None:
             return name
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+#: ``sglang_bindings``' last scan per object: (the object, ``len(sys.modules)`` then, its bindings).
+_BINDINGS: dict[int, tuple[Any, int, list[tuple[types.ModuleType, str]]]] = {}
+
+
+def sglang_bindings(obj: Any) -> list[tuple[types.ModuleType, str]]:
+    """Every ``(sglang module, name)`` bound to ``obj``: where a patch of ``obj`` must reach, as SGLang's
+    modules bind functions by name (``from ..utils import is_hip``). The scan of every module is kept until
+    a module is imported; a name rebound since then is left out."""
+    cached = _BINDINGS.get(id(obj))
+    if cached is not None and cached[0] is obj and cached[1] == len(sys.modules):
+        return [(module, key) for module, key in cached[2] if vars(module).get(key) is obj]
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == "sglang" or name.startswith("sglang.")):
+            for key, value in list(vars(module).items()):
+                if value is obj:
+                    found.append((module, key))
+    _BINDINGS[id(obj)] = (obj, len(sys.modules), found)
+    return found

@@ -226,7 +226,7 @@ def _backend_name(ctx: Context) -> str:
 #: engines: tests/report/test_repro.py holds them equal): the libraries replaced and the CUDA toolkit stated.
 EMULATED_LIBRARIES = ("flashinfer", "flash_mla", "sgl_kernel", "sglang")
 CUDA_TOOLKIT = "13.0"
-#: The module of each emulated backend class (support.backend_module, by class).
+#: The module of each emulated backend class (engines/sglang/backends.py: each record's module, by class).
 BACKEND_MODULES = {"FlashInferMLAAttnBackend": "sglang.srt.layers.attention.flashinfer_mla_backend",
                    "FlashInferAttnBackend": "sglang.srt.layers.attention.flashinfer_backend",
                    "FlashAttentionBackend": "sglang.srt.layers.attention.flashattention_backend",

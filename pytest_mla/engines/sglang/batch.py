@@ -1,4 +1,5 @@
-"""The verify input of a speculative check, built by SGLang's own EAGLE draft-tree code.
+"""A check's requests as SGLang holds them: cache slots poisoned, cached tokens' write locations, and the
+verify input of a speculative check, built by SGLang's own EAGLE draft-tree code.
 
 SGLang's EAGLE worker drafts ``steps`` rounds: round 0 takes the root's
 ``topk`` children, each later round expands the ``topk`` best nodes of the
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from typing import Any, Iterator
 
 import torch
 
-from .support import adapter_error, make_dataclass
+from .support import adapter_error, construct, make_dataclass
 
-__all__ = ["verify_input"]
+__all__ = ["poison", "verify_input", "write_loc"]
 
 _P_LEAF = 0.9  # a tree node without children
 _P_INNER = 0.999  # a tree node with children (kept by the beam before leaves)
@@ -183,3 +185,18 @@ def verify_input(setup: Any, engine: Any) -> tuple[Any, torch.Tensor, torch.Tens
         seq_lens_cpu=seq_lens.cpu(),
     )
     return spec_info, order, positions
+
+
+def poison(buffer: torch.Tensor, dtype: torch.dtype) -> None:
+    """Fill a pool buffer (possibly stored as bytes) with NaN of its logical ``dtype``."""
+    nan = torch.full(buffer.shape, math.nan, dtype=dtype, device=buffer.device)
+    buffer.copy_(nan.view(buffer.dtype) if buffer.dtype != dtype else nan)
+
+
+def write_loc(loc: torch.Tensor) -> Any:
+    """The write location a pool's door takes: SGLang's ``KVWriteLoc`` of logical slots, where the release has it."""
+    try:
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+    except ImportError:
+        return loc
+    return construct(KVWriteLoc, loc, physical=False)

@@ -1,4 +1,4 @@
-"""SGLang's own pieces for one rank of a kernel check: server args, pools, backend, batch, model path.
+"""One DCP rank of a kernel check: SGLang's own server args, pools, backend and batch built, its path run.
 
 See ``checks`` for what is built and why. Everything version-specific
 is detected here, by feature (a module, a function, a parameter), never by
@@ -23,7 +23,9 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from ...core.errors import AdapterError
-from .support import STUBS, adapter_error, make_dataclass
+from .backends import backend
+from .batch import poison, write_loc
+from .support import STUBS, adapter_error, construct, make_dataclass
 
 __all__ = ["Engine", "RankSetup", "adapter_error", "load_engine"]
 
@@ -333,17 +335,6 @@ def sglang_group(collectives: Any) -> Any:
                                                    **kwargs)
 
 
-# ---- small helpers -----------------------------------------------------------------------------
-
-
-def construct(fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn`` with the keyword arguments its signature accepts (they move between releases)."""
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return fn(*args, **kwargs)
-
-
 def _rocm_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """The KV-cache dtype SGLang's ``configure_kv_cache_dtype`` resolves on ROCm for the active arch.
 
@@ -363,12 +354,6 @@ def _rocm_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype
                          model_dtype=model_dtype, is_draft_worker=False, is_dflash=False,
                          speculative_draft_attention_backend=None)
     return dtype
-
-
-def poison(buffer: torch.Tensor, dtype: torch.dtype) -> None:
-    """Fill a pool buffer (possibly stored as bytes) with NaN of its logical ``dtype``."""
-    nan = torch.full(buffer.shape, math.nan, dtype=dtype, device=buffer.device)
-    buffer.copy_(nan.view(buffer.dtype) if buffer.dtype != dtype else nan)
 
 
 # The ranks of one in-process check share SGLang's ParallelContext: the scoped overrides it had
@@ -748,7 +733,7 @@ class RankSetup:
         v_in = (v.to(self.dtype) * scale if scale is not None else v.to(self.dtype))
         batch = types.SimpleNamespace(out_cache_loc=loc, out_cache_loc_is_physical=False, positions=positions,
                                       dcp_kv_mask=None)
-        loc_info = _write_loc(loc)
+        loc_info = write_loc(loc)
         if hasattr(self.backend, "_set_kv_buffer"):
             self.backend._set_kv_buffer(batch, self.layer, loc_info, k_in, v_in, self.layer.k_scale,
                                         self.layer.v_scale)
@@ -758,7 +743,7 @@ class RankSetup:
             # A backend without a DCP-aware write of its own: the cached tokens as SGLang's DCP layout
             # holds them (TritonAttnBackend._set_kv_buffer: each rank stores the tokens whose position
             # % dcp is its rank, at loc // dcp), through the pool's masked door.
-            rank_loc = _write_loc(loc // self.world)
+            rank_loc = write_loc(loc // self.world)
             mask = positions % self.world == self.rank
             self.pool.set_kv_buffer(self.layer, rank_loc, k_in, v_in, self.layer.k_scale, self.layer.v_scale,
                                     dcp_kv_mask=mask)
@@ -779,11 +764,11 @@ class RankSetup:
             # that layout): it quantises the token (per-128 scales), so it takes the token itself
             token = k.to(self.dtype) * scale if scale is not None else k.to(self.dtype)
             with self._guarded_rows():
-                self.pool.set_mla_kv_buffer(self.layer, _write_loc(loc), token[..., :kv_lora].contiguous(),
+                self.pool.set_mla_kv_buffer(self.layer, write_loc(loc), token[..., :kv_lora].contiguous(),
                                             token[..., kv_lora:].contiguous())
             return
         if self.world == 1:
-            self.pool.set_kv_buffer(self.layer, _write_loc(loc), k, k[..., :kv_lora])
+            self.pool.set_kv_buffer(self.layer, write_loc(loc), k, k[..., :kv_lora])
             return
         try:
             with self._guarded_rows():
@@ -849,7 +834,7 @@ class RankSetup:
         self.order = torch.arange(s_q).repeat(b, 1)  # SGLang's token j of request i is the check's query order[i, j]
         spec_info = None
         if self.spec:
-            from .tree import verify_input
+            from .batch import verify_input
 
             spec_info, self.order, positions = verify_input(self, engine)
             mode = engine.forward_mode.TARGET_VERIFY
@@ -939,7 +924,7 @@ class RankSetup:
 
     def notes(self) -> list[str]:
         built = f"sglang {self.engine.version}: {type(self.backend).__name__} built by SGLang's factory"
-        if self.options["backend"] == "triton":
+        if backend(self.options["backend"]).reads_num_kv_splits:
             built += f" with --triton-attention-num-kv-splits {self.options['num_kv_splits']}"
         if self.options.get("emulate"):
             built += f", on a CPU host stated to SGLang as an {self.options['arch']} GPU (runtime_context platform facts)"
@@ -971,10 +956,3 @@ def _raised_in_adapter(exc: BaseException) -> bool:
     adapter = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pytest_mla/engines
     return bool(frames) and os.path.abspath(frames[-1].filename).startswith(adapter + os.sep)
 
-
-def _write_loc(loc: torch.Tensor) -> Any:
-    try:
-        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-    except ImportError:
-        return loc
-    return construct(KVWriteLoc, loc, physical=False)
