@@ -136,3 +136,37 @@ def test_asserts_in_the_package_are_never_rewritten_by_pytest():
             if "PYTEST_DONT_REWRITE" not in (ast.get_docstring(tree, clean=False) or ""):
                 missing.append(module_name(path))
     assert not missing, f"modules with assert statements and no PYTEST_DONT_REWRITE: {missing}"
+
+
+#: The packages of real engines' adapters (``engines/<name>/``); ``common`` is their shared code.
+ENGINE_PACKAGES = sorted(p.name for p in (PACKAGE / "engines").iterdir()
+                         if (p / "__init__.py").exists() and p.name != "common")
+
+
+def test_every_engine_package_has_the_same_modules():
+    """One layout for every engine (``protocol.ENGINE_PACKAGE_MODULES``): a third engine has a template."""
+    from pytest_mla.engines.protocol import ENGINE_PACKAGE_MODULES
+
+    assert ENGINE_PACKAGES == ["sglang", "vllm"]  # the walk must see both, or the loop below proves nothing
+    expected = set(ENGINE_PACKAGE_MODULES)
+    differ = {}
+    for name in ENGINE_PACKAGES:
+        have = {p.stem for p in (PACKAGE / "engines" / name).glob("*.py")}
+        if have != expected:
+            differ[name] = {"missing": sorted(expected - have), "extra": sorted(have - expected)}
+    assert not differ, differ
+
+
+def test_engine_packages_do_not_import_each_other():
+    """An engine package uses ``engines.common``, ``engines.protocol`` and the layers below, never
+    another engine's package: what two engines share lives once, in ``common``."""
+    crossing = []
+    for module, targets in graph().items():
+        parts = module.split(".")
+        if len(parts) < 3 or parts[1] != "engines" or parts[2] not in ENGINE_PACKAGES:
+            continue
+        for target in sorted(targets):
+            tparts = target.split(".")
+            if len(tparts) >= 3 and tparts[1] == "engines" and tparts[2] in ENGINE_PACKAGES and tparts[2] != parts[2]:
+                crossing.append(f"{module} imports {target}")
+    assert not crossing, "\n".join(crossing)
