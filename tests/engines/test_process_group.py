@@ -64,3 +64,44 @@ def test_each_thread_sees_its_own_binding_and_its_own_instance():
         t.join(timeout=10)
     assert seen["a"][0] == "a" and seen["b"][0] == "b"
     assert seen["a"][1] is seen["a"][2] and seen["a"][1] is not seen["b"][1]  # made once in each thread
+
+
+def test_the_exchanges_sglang_uses_and_the_after_hook():
+    """SGLang's DCP merge: a gather into given tensors, an equal-split all-to-all, a barrier; after each,
+    the rank's ``after`` hook runs (SGLang states the rank's place again there)."""
+    calls = []
+
+    def rank(collectives):
+        me = collectives.rank
+        group = DcpGroup(collectives, after=lambda: calls.append(me), name="pytest-mla:dcp", cpu_group="none")
+        outs = [torch.empty(2) for _ in range(2)]
+        assert group.all_gather(torch.full((2,), float(me)), output_tensor_list=outs) is None
+        exchanged = torch.empty(4)
+        group.all_to_all_single(exchanged, torch.tensor([10.0, 11.0, 20.0, 21.0]) + 100 * me)
+        group.barrier()
+        return outs, exchanged, group.cpu_group, group.unique_name, group.is_last_rank
+
+    results = run_ranks_in_process(rank, 2)
+    for me, (outs, exchanged, cpu_group, name, last) in enumerate(results):
+        assert [o.tolist() for o in outs] == [[0.0, 0.0], [1.0, 1.0]]
+        # chunk j of each rank's input goes to rank j: rank 0 gets the first halves, rank 1 the second
+        assert exchanged.tolist() == ([10.0, 11.0, 110.0, 111.0] if me == 0 else [20.0, 21.0, 120.0, 121.0])
+        assert (cpu_group, name, last) == (None, "pytest-mla:dcp", me == 1)
+    assert sorted(calls) == [0, 0, 0, 1, 1, 1]  # three collectives, each returned to both ranks
+
+
+def test_torch_object_collectives_and_barrier_on_in_process_ranks():
+    originals = {n: getattr(dist, n) for n in ("all_gather_object", "broadcast_object_list", "barrier")}
+
+    def rank(collectives):
+        group = DcpGroup(collectives)
+        gathered, broadcast = [None, None], [f"from {collectives.rank}"]
+        with torch_collectives_in_process():
+            dist.all_gather_object(gathered, {"rank": collectives.rank}, group=group.device_group)
+            dist.broadcast_object_list(broadcast, src=1, group=group.device_group)
+            dist.barrier(group=group.device_group)
+        return gathered, broadcast, group.device_group.rank(), group.device_group.size()
+
+    for me, (gathered, broadcast, rank_of, size) in enumerate(run_ranks_in_process(rank, 2)):
+        assert gathered == [{"rank": 0}, {"rank": 1}] and broadcast == ["from 1"] and (rank_of, size) == (me, 2)
+    assert {n: getattr(dist, n) for n in originals} == originals

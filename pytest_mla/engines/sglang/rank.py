@@ -23,13 +23,15 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from ...core.errors import AdapterError
+from ..common import MODEL_CONFIGS
+from ..common.process_group import DcpGroup, torch_collectives_in_process
+from ..common.shared_scope import SharedScope
 from .backends import backend
 from .batch import poison, write_loc
 from .support import STUBS, adapter_error, construct, make_dataclass
 
 __all__ = ["Engine", "RankSetup", "adapter_error", "load_engine"]
 
-from ..common import MODEL_CONFIGS
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 #: Free slots the pools keep beyond a check's tokens (holes between requests, the dummy slot).
 _SPARE_PAGES = 4
@@ -190,139 +192,6 @@ def _is_published(engine: Engine, server_args: Any) -> bool:
 # ---- the DCP group -----------------------------------------------------------------------------
 
 
-class InProcessGroup:
-    """``GroupCoordinator``'s collective methods over the harness's turn-taking in-process ranks.
-
-    Only the communication is ours: SGLang's merge functions call these
-    methods unchanged. After every collective the calling rank's place is
-    stated again on SGLang's ``ParallelContext`` (the ranks share one
-    process and take turns only inside a collective).
-    """
-
-    def __init__(self, collectives: Any, activate: Callable[[], None], name: str = "dcp") -> None:
-        self._c = collectives
-        self._activate = activate
-        self.world_size = collectives.world
-        self.rank_in_group = collectives.rank
-        self.rank = collectives.rank
-        self.local_rank = collectives.rank
-        self.ranks = list(range(collectives.world))
-        self.unique_name = f"pytest-mla:{name}"
-        self.device_group = InProcessDeviceGroup(collectives, activate)
-        self.cpu_group = None
-        self.first_rank, self.last_rank = 0, collectives.world - 1
-        self.is_first_rank = collectives.rank == 0
-        self.is_last_rank = collectives.rank == collectives.world - 1
-
-    def _after(self, value: Any) -> Any:
-        self._activate()
-        return value
-
-    def all_gather(self, input_: torch.Tensor, dim: int = -1, output_tensor_list: Any = None) -> torch.Tensor:
-        parts = self._c.all_gather(input_.contiguous())
-        if output_tensor_list is not None:
-            for out, part in zip(output_tensor_list, parts):
-                out.copy_(part)
-            return self._after(None)
-        return self._after(torch.cat(parts, dim=dim))
-
-    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
-        return self._after(self._c.all_reduce(input_.contiguous()))
-
-    def all_to_all_single(self, output: torch.Tensor, input_: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """``torch.distributed.all_to_all_single`` with equal splits: chunk ``j`` of ``input_`` (along
-        dim 0) goes to rank ``j``; chunk ``i`` of ``output`` comes from rank ``i``."""
-        if args or any(kwargs.get(k) is not None for k in ("output_split_sizes", "input_split_sizes")):
-            raise NotImplementedError("pytest-mla's in-process DCP group: all_to_all_single with uneven splits")
-        parts = self._c.all_gather(input_.contiguous())
-        world, rank = self.world_size, self.rank_in_group
-        received = [part.reshape(world, -1)[rank] for part in parts]
-        output.copy_(torch.cat(received).reshape(output.shape))
-        self._after(None)
-
-    def reduce_scatter_along_dim(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        total = self._c.all_reduce(input_.contiguous())
-        return self._after(total.chunk(self.world_size, dim=dim)[self.rank_in_group].contiguous())
-
-    def barrier(self) -> None:
-        self._c.barrier()
-        self._activate()
-
-
-class InProcessDeviceGroup:
-    """The ``device_group`` of in-process ranks: what SGLang hands ``torch.distributed`` as ``group=``.
-
-    ``init_fi_a2a_workspace`` maps FlashInfer's DCP workspace over
-    ``TorchDistributedCommBackend(cp_group.device_group)`` (``rank()``,
-    ``size()``, ``dist.all_gather_object`` / ``broadcast_object_list`` /
-    ``barrier`` on it) and barriers on it; ``torch_distributed_in_process``
-    routes those calls to the harness's collectives, as gloo or NCCL would
-    route them to the ranks.
-    """
-
-    def __init__(self, collectives: Any, activate: Callable[[], None]) -> None:
-        self.collectives = collectives
-        self.activate = activate
-
-    def rank(self) -> int:
-        return self.collectives.rank
-
-    def size(self) -> int:
-        return self.collectives.world
-
-
-_dist_patch: dict[str, Any] = {"count": 0, "saved": {}}
-
-
-def _in_process_dist(original: dict[str, Callable]) -> dict[str, Callable]:
-    def all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
-        if not isinstance(group, InProcessDeviceGroup):
-            return original["all_gather_object"](object_list, obj, group=group)
-        object_list[:] = group.collectives.all_gather_object(obj)
-        group.activate()
-
-    def broadcast_object_list(object_list: list, src: Any = None, group: Any = None, **kwargs: Any) -> None:
-        if not isinstance(group, InProcessDeviceGroup):
-            return original["broadcast_object_list"](object_list, src, group=group, **kwargs)
-        if kwargs.get("group_src") is not None:
-            src = kwargs["group_src"]
-        object_list[:] = group.collectives.all_gather_object(list(object_list))[int(src or 0)]
-        group.activate()
-
-    def barrier(group: Any = None, **kwargs: Any) -> None:
-        if not isinstance(group, InProcessDeviceGroup):
-            return original["barrier"](group=group, **kwargs)
-        group.collectives.barrier()
-        group.activate()
-
-    return {"all_gather_object": all_gather_object, "broadcast_object_list": broadcast_object_list,
-            "barrier": barrier}
-
-
-def torch_distributed_enter() -> None:
-    """``torch.distributed``'s object collectives and barrier on an ``InProcessDeviceGroup`` run on its
-    collectives; any other group reaches the real function (refcounted over the ranks)."""
-    import torch.distributed as dist
-
-    with _lock:
-        if _dist_patch["count"] == 0:
-            saved = {name: getattr(dist, name) for name in ("all_gather_object", "broadcast_object_list", "barrier")}
-            _dist_patch["saved"] = saved
-            for name, fn in _in_process_dist(saved).items():
-                setattr(dist, name, fn)
-        _dist_patch["count"] += 1
-
-
-def torch_distributed_leave() -> None:
-    import torch.distributed as dist
-
-    with _lock:
-        _dist_patch["count"] -= 1
-        if _dist_patch["count"] == 0:
-            for name, fn in _dist_patch["saved"].items():
-                setattr(dist, name, fn)
-
-
 def sglang_group(collectives: Any) -> Any:
     """SGLang's own ``GroupCoordinator`` over a real (gloo) process group (``--mla-dcp-mode=distributed``)."""
     from sglang.srt.distributed import parallel_state
@@ -358,21 +227,16 @@ def _rocm_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype
 
 # The ranks of one in-process check share SGLang's ParallelContext: the scoped overrides it had
 # before the first rank started are put back when the last one ends.
-_baseline: list[Any] = [None, 0]  # [overrides before the check, ranks inside it]
+_parallel_overrides = SharedScope("SGLang's ParallelContext")
 
 
-def _enter_ranks(parallel: Any) -> None:
-    with _lock:
-        if _baseline[1] == 0:
-            _baseline[0] = dict(getattr(parallel, "_overrides", {}))
-        _baseline[1] += 1
-
-
-def _leave_ranks(parallel: Any) -> None:
-    with _lock:
-        _baseline[1] -= 1
-        if _baseline[1] == 0:
-            parallel._overrides = dict(_baseline[0])
+@contextlib.contextmanager
+def _overrides_restored(parallel: Any) -> Iterator[dict[str, Any]]:
+    baseline = dict(getattr(parallel, "_overrides", {}))
+    try:
+        yield baseline
+    finally:
+        parallel._overrides = dict(baseline)
 
 
 # ---- one rank ----------------------------------------------------------------------------------
@@ -393,11 +257,12 @@ class RankSetup:
         self.published = publish(engine, options, self.dtype, self.device)
         self.model_config = self.published.model_config
         self._parallel = engine.rc.get_parallel()
-        _enter_ranks(self._parallel)
+        self._scopes = contextlib.ExitStack()  # what the ranks share, left in reverse order by close()
+        self._baseline = self._scopes.enter_context(
+            _parallel_overrides.enter(id(self._parallel), lambda: _overrides_restored(self._parallel)))
         self._notes: list[str] = []
         self._fi_a2a: Any = None  # the module holding SGLang's per-process fi_a2a state, when in use
         self._fi_a2a_state: Any = None  # this rank's
-        self._dist_patched = False
         try:
             self.group = self._make_group()
             self.activate()
@@ -422,9 +287,8 @@ class RankSetup:
         if isinstance(collectives, TorchCollectives):  # one process per rank: SGLang's own group
             self._notes.append("DCP group: SGLang's init_model_parallel_group over gloo")
             return sglang_group(collectives)
-        torch_distributed_enter()
-        self._dist_patched = True
-        return InProcessGroup(collectives, self.activate)
+        self._scopes.enter_context(torch_collectives_in_process())
+        return DcpGroup(collectives, after=self.activate, name="pytest-mla:dcp", cpu_group="none")
 
     def _pre_initialize_dcp_exchange(self) -> None:
         """What the model runner does before graph capture for ``--dcp-comm-backend fi_a2a`` (SGLang's
@@ -466,7 +330,7 @@ class RankSetup:
         """State this rank's place on SGLang's ``ParallelContext`` (its scoped overrides) and, while it
         computes, its own ``ForwardContext``: SGLang keeps the active one in a module global, and the
         in-process ranks take turns in one process (each would otherwise read the last rank's)."""
-        self._parallel._overrides = {**_baseline[0], **self.rank_fields()}
+        self._parallel._overrides = {**self._baseline, **self.rank_fields()}
         if self._fi_a2a is not None:
             self._fi_a2a._FI_A2A_STATE = self._fi_a2a_state
         forward = getattr(self, "_forward", None)
@@ -476,10 +340,7 @@ class RankSetup:
     def close(self) -> None:
         if self._fi_a2a is not None:
             self._fi_a2a._FI_A2A_STATE = None
-        if self._dist_patched:
-            self._dist_patched = False
-            torch_distributed_leave()
-        _leave_ranks(self._parallel)
+        self._scopes.close()
 
     # -- pools -----------------------------------------------------------------------------------
     def _kv_torch_dtype(self) -> torch.dtype:

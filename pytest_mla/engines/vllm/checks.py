@@ -222,8 +222,6 @@ def _attn_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: st
 
 def _attn_construction_raises(engine: Any, options: Mapping[str, Any], capability: str) -> bool:
     """Whether vLLM raises building the GQA layer of ``options["backend"]`` under ``capability`` (cached; no kernel runs)."""
-    from ...core.errors import AdapterError
-
     key = ("attn", capability, tuple(sorted(options.items())))
     if key not in _probes:
         from vllm.model_executor.layers.attention.attention import Attention
@@ -232,17 +230,13 @@ def _attn_construction_raises(engine: Any, options: Mapping[str, Any], capabilit
         heads = options["num_heads"] // options["tp"]
         kv_heads = max(1, options["num_kv_heads"] // options["tp"])
         backend_cls = backend_class(options["backend"])
-        try:
+
+        def build() -> None:
             with stand_in_guard(), vllm_context(engine, config, capability, None):
                 Attention(num_heads=heads, head_size=options["head_dim"], scale=1.0, num_kv_heads=kv_heads,
                           cache_config=config.cache_config, prefix=LAYER_NAME, attn_backend=backend_cls)
-            _probes[key] = False
-        except AdapterError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - whether vLLM's own code refused is all we keep
-            from ...kernels.engine_runner import engine_function_of
 
-            _probes[key] = engine_function_of(exc, PACKAGE) is not None
+        _probes[key] = _raises_in_vllm(build)
     return _probes[key]
 
 
@@ -270,27 +264,35 @@ class _NoCollectives:
 _probes: dict[tuple[Any, ...], bool] = {}
 
 
+def _raises_in_vllm(build: Any) -> bool:
+    """Whether ``build()`` raises in vLLM's own code; an adapter error is raised on."""
+    from ...core.errors import AdapterError
+    from ...kernels.engine_runner import engine_function_of
+
+    try:
+        build()
+        return False
+    except AdapterError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whether vLLM's own code refused is all we keep
+        return engine_function_of(exc, PACKAGE) is not None
+
+
 def _construction_raises(engine: Any, options: Mapping[str, Any], capability: str) -> bool:
     """Whether vLLM raises building this layer under ``capability`` (cached; no kernel runs)."""
     import torch
-
-    from ...core.errors import AdapterError
 
     key = (capability, tuple(sorted(options.items())))
     if key not in _probes:
         config = mla_config(engine, options)
         world = options["dcp"]
         group = DcpGroup(_NoCollectives(world), torch.device("cpu")) if world > 1 else None
-        try:
+
+        def build() -> None:
             with stand_in_guard(), vllm_context(engine, config, capability, group):
                 build_mla_layer(options, 1.0, torch.device("cpu"))
-            _probes[key] = False
-        except AdapterError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - whether vLLM's own code refused is all we keep
-            from ...kernels.engine_runner import engine_function_of
 
-            _probes[key] = engine_function_of(exc, PACKAGE) is not None
+        _probes[key] = _raises_in_vllm(build)
     return _probes[key]
 
 

@@ -504,7 +504,7 @@ class VLLMStartup:
                                             num_speculative_tokens=spec.steps if spec.enabled else None,
                                             method=SPEC_METHODS[spec.algorithm] if spec.enabled else None)
         reached: list[str] = []
-        with _quiet.quiet(), self._dcp_group(cell.dcp), self._tp_group(tp), self._gpu_steps_recorded(reached), \
+        with _quiet.quiet(), self._stand_in_group("_DCP", cell.dcp), self._stand_in_group("_TP", tp), self._gpu_steps_recorded(reached), \
                 self._import_time_answers(), _host_facts(), self._feature_answers(), _device_answers(), \
                 self._set_config(vllm_config):
             # 1. VllmConfig.__post_init__, before any layer (or backend) exists.
@@ -808,30 +808,19 @@ class VLLMStartup:
                                 engine="vllm", version=self.version)
 
     @contextlib.contextmanager
-    def _dcp_group(self, dcp: int) -> Iterator[None]:
-        """``parallel_state._DCP`` is a DCP group of the cell's size, rank 0, no process group."""
-        state = self._parallel_state
-        saved = state._DCP
-        state._DCP = types.SimpleNamespace(world_size=dcp, rank_in_group=0, device_group=None)
-        try:
-            yield
-        finally:
-            state._DCP = saved
+    def _stand_in_group(self, name: str, size: int) -> Iterator[None]:
+        """``parallel_state.<name>`` (``_DCP``, ``_TP``) is a group of ``size``, rank 0, no process group.
 
-    @contextlib.contextmanager
-    def _tp_group(self, tp: int) -> Iterator[None]:
-        """``parallel_state._TP`` is a TP group of the cell's size, rank 0, no process group.
-
-        The model code's linear layers (a sparse model's indexer) read their
-        rank and the group size from it when they are built.
+        The model code's linear layers (a sparse model's indexer) and the attention
+        layer read their rank and the group's size from it when they are built.
         """
         state = self._parallel_state
-        saved = getattr(state, "_TP", None)
-        state._TP = types.SimpleNamespace(world_size=tp, rank_in_group=0, device_group=None)
+        saved = getattr(state, name, None)
+        setattr(state, name, types.SimpleNamespace(world_size=size, rank_in_group=0, device_group=None))
         try:
             yield
         finally:
-            state._TP = saved
+            setattr(state, name, saved)
 
     @contextlib.contextmanager
     def _default_dtype(self, dtype: Any) -> Iterator[None]:
