@@ -35,6 +35,21 @@ def run_matrix(python: Path, matrix: Path, report_dir: Path, *args: str, timeout
     return result
 
 
+def drive_faults(driver: Path, venv: str, *scenarios: str, dcp_mode: str = "in-process",
+                 timeout: float = 900) -> dict[str, dict]:
+    """Run an engine's fault driver (``tests/engines/*_faults.py``) on ``scenarios`` in ``venv``: each
+    ``fault:case`` scenario's JSON row, by scenario (skips without the venv)."""
+    import json
+
+    python = venv_python(venv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    result = subprocess.run([os.fspath(python), os.fspath(driver), *scenarios, "--dcp-mode", dcp_mode],
+                            cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return {row["scenario"]: row for row in rows}
+
+
 @functools.lru_cache(maxsize=None)
 def _committed(report: str) -> dict:
     from pytest_mla.report.results import read_results

@@ -14,15 +14,12 @@ baseline slice, a platform's cells) is read in its committed report
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 
 import pytest
 
 from pytest_mla.report.results import read_results
 
-from ._venv import ROOT, committed_slice, run_matrix, venv_python
+from ._venv import ROOT, committed_slice, drive_faults, run_matrix, venv_python
 
 MATRIX = ROOT / "matrix" / "vllm.toml"
 DRIVER = ROOT / "tests" / "engines" / "vllm_faults.py"
@@ -35,13 +32,7 @@ MERGE = "vllm.v1.attention.ops.dcp:cp_lse_ag_out_rs"
 
 
 def drive(venv: str, *scenarios: str, dcp_mode: str = "in-process", timeout: float = 900) -> dict[str, dict]:
-    python = venv_python(venv)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    result = subprocess.run([os.fspath(python), os.fspath(DRIVER), *scenarios, "--dcp-mode", dcp_mode],
-                            cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    return {row["scenario"]: row for row in rows}
+    return drive_faults(DRIVER, venv, *scenarios, dcp_mode=dcp_mode, timeout=timeout)
 
 
 @pytest.mark.parametrize("venv", VENVS)
