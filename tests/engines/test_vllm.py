@@ -291,6 +291,112 @@ def test_registered_backends_cover_the_whole_enum(venv, version):
     assert backends["ROCM_FLASHMLA_SPARSE_DSV4"] is True
 
 
+# -- backend facts: what vLLM declares on each backend class, read at run time ------------------
+
+#: One child in .venv-vllm: ``metadata()["backend_facts"]`` as vLLM 0.34.0 declares them, then again after each
+#: fault planted in vLLM's own classes (the facts must follow the classes, never a table of the adapter's).
+FACTS_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    from pytest_mla.engines.vllm import VLLMEngine
+    engine = VLLMEngine()  # first: vLLM is imported on its faked platform
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.attention.backends.mla.cutlass_mla import CutlassMLABackend
+    from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
+    from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
+    engine.registered_backends()  # as a run does, at load
+    out = {}
+    start = time.perf_counter()
+    out["clean"] = engine.metadata()
+    out["seconds"] = time.perf_counter() - start
+    out["again"] = engine.metadata()
+    TritonMLABackend.supported_kv_cache_dtypes = ["auto", "fp8_e5m2"]
+    FlashMLABackend.get_supported_kernel_block_sizes = staticmethod(lambda kv_cache_spec=None: [MultipleOf(32), 256])
+    def refuse(cls, capability):
+        raise RuntimeError("planted\\nsecond line")
+    CutlassMLABackend.supports_compute_capability = classmethod(refuse)
+    out["faulted"] = engine.metadata()["backend_facts"]
+    sys.modules["vllm.v1.attention.backends.mla.flashmla"] = None  # its module cannot be imported any more
+    out["unimportable"] = engine.metadata()["backend_facts"]
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def facts_run():
+    python = venv_python(".venv-vllm")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([os.fspath(python), "-c", FACTS_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_backend_facts_are_what_vllm_declares(facts_run):
+    """Literals read in vLLM 0.34.0's source: mla/triton_mla.py (TritonMLABackend, TritonMLAImpl.supports_dcp,
+    TritonMLAMetadataBuilder._cudagraph_support), mla/flashmla.py, mla/cutlass_mla.py, mla/flashmla_sparse.py,
+    MLACommonBackend.get_supported_head_sizes (mla_attention.py), and registry.py (NO_ATTENTION's module is not
+    in the wheel; CUSTOM is a placeholder)."""
+    metadata = facts_run["clean"]
+    facts = metadata["backend_facts"]
+    assert metadata["backend_facts_arch"] == "sm90"
+    assert list(facts) == sorted(facts)
+    assert {"TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHMLA_SPARSE", "ROCM_AITER_MLA", "CPU_MLA",
+            "CUSTOM"} <= set(facts)
+    assert facts["TRITON_MLA"] == {
+        "attention_types": ["Decoder"], "block_sizes": ["%16"],
+        "class": "vllm.v1.attention.backends.mla.triton_mla:TritonMLABackend",
+        "compute_capabilities": ["7.0", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0",
+                                 "12.1"],
+        "compute_capability": "Any", "cudagraph": "UNIFORM_BATCH", "cudagraph_by_config": False, "dcp": True,
+        "dtypes": ["fp16", "bf16"], "head_sizes": "any",
+        "kv_cache_dtypes": ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3"], "mla": True, "mm_prefix": False,
+        "name": "TRITON_MLA", "sink": False, "sparse": False}
+    flashmla = facts["FLASHMLA"]
+    assert flashmla["class"] == "vllm.v1.attention.backends.mla.flashmla:FlashMLABackend"
+    assert flashmla["dtypes"] == ["fp16", "bf16"]
+    assert flashmla["kv_cache_dtypes"] == ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3"]
+    assert flashmla["block_sizes"] == [64]
+    assert flashmla["head_sizes"] == [320, 512, 576]
+    assert flashmla["compute_capability"] == "9.x-10.x"
+    assert flashmla["compute_capabilities"] == ["9.0", "10.0", "10.3"]
+    assert (flashmla["mla"], flashmla["sparse"], flashmla["dcp"]) == (True, False, True)
+    cutlass = facts["CUTLASS_MLA"]
+    assert (cutlass["block_sizes"], cutlass["compute_capability"]) == ([128], "10.x")
+    assert cutlass["cudagraph"] == "UNIFORM_SINGLE_TOKEN_DECODE"
+    sparse = facts["FLASHMLA_SPARSE"]
+    assert sparse["sparse"] is True and sparse["block_sizes"] == ["%64"]
+    assert sparse["kv_cache_dtypes"] == ["auto", "bfloat16", "fp8_ds_mla", "fp8", "nvfp4_ds_mla"]
+    assert facts["NO_ATTENTION"] == {"error": "ModuleNotFoundError: No module named "
+                                              "'vllm.v1.attention.backends.no_attention'"}
+    assert set(facts["CUSTOM"]) == {"error"} and facts["CUSTOM"]["error"].startswith("ValueError: Backend CUSTOM must")
+    # deterministic, plain, and cheap; asking again gives the same answer
+    assert facts_run["again"] == metadata
+    assert json.loads(json.dumps(facts)) == facts
+    assert facts_run["seconds"] < 5
+
+
+def test_backend_facts_follow_faults_planted_in_vllm_classes(facts_run):
+    clean, faulted = facts_run["clean"]["backend_facts"], facts_run["faulted"]
+    assert faulted["TRITON_MLA"]["kv_cache_dtypes"] == ["auto", "fp8_e5m2"]
+    assert faulted["FLASHMLA"]["block_sizes"] == ["%32", 256]
+    # a method that raises is that fact's error, on one line; the backend's other facts stand
+    cutlass = faulted["CUTLASS_MLA"]
+    assert cutlass["compute_capability"] == {"error": "RuntimeError: planted second line"}
+    assert cutlass["compute_capabilities"] == {"error": "RuntimeError: planted second line"}
+    assert {k: v for k, v in cutlass.items() if not k.startswith("compute_capabilit")} == \
+        {k: v for k, v in clean["CUTLASS_MLA"].items() if not k.startswith("compute_capabilit")}
+    untouched = set(clean) - {"TRITON_MLA", "FLASHMLA", "CUTLASS_MLA"}
+    assert {name: faulted[name] for name in untouched} == {name: clean[name] for name in untouched}
+
+
+def test_a_backend_class_that_does_not_import_is_an_error_entry(facts_run):
+    clean, facts = facts_run["clean"]["backend_facts"], facts_run["unimportable"]
+    assert facts["FLASHMLA"] == {"error": "ModuleNotFoundError: import of vllm.v1.attention.backends.mla.flashmla "
+                                          "halted; None in sys.modules"}
+    assert facts["TRITON_MLA"]["class"] == clean["TRITON_MLA"]["class"]  # the others are still read
+    assert facts["FLASHMLA_SPARSE"] == facts_run["faulted"]["FLASHMLA_SPARSE"]
+
+
 # -- the adapter's own failures, with a fake engine -------------------------------------------
 
 FAKE_METADATA = "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n"

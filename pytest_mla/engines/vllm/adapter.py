@@ -11,6 +11,7 @@ the checks' runner targets: they live here so that a process running one
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -23,10 +24,14 @@ from ...core.models import ModelConfig
 from ..common import quiet as _quiet
 from ..common.platform_process import PLATFORM_ENV, PlatformProcess
 from ..protocol import Configured, Engine
-from . import checks, rank
+from . import backends, checks, rank
 from .platforms import PLATFORM_CLASSES, known_archs
 from .startup import CUDA_AT_IMPORT, Startup, VLLMStartup
-from .support import adopt, adopt_factory, prepare_environment
+from .support import DEFAULT_CAPABILITY, adopt, adopt_factory, prepare_environment
+
+#: The arch the process's platform answers for while ``backend_facts`` reads the classes (a CUDA process: the
+#: capability every TRITON_MLA configuration of the matrices constructs on, ``support.DEFAULT_CAPABILITY``).
+FACTS_ARCH = {"cuda": "sm" + DEFAULT_CAPABILITY.replace(".", "")}
 
 if importlib.util.find_spec("vllm") is None:  # the registry turns this into "unavailable"
     raise ImportError("vllm is not installed in this environment", name="vllm")
@@ -134,7 +139,7 @@ class VLLMEngine(Engine):
                     result[member.name] = False
                     continue
                 try:
-                    result[member.name] = bool(member.get_class().is_mla())
+                    result[member.name] = bool(backends.backend_class(member).is_mla())
                 except Exception:  # does not import on this machine: read its source
                     result[member.name] = _source_is_mla(path)
         return result
@@ -159,7 +164,21 @@ class VLLMEngine(Engine):
                          "init_attn_backend", "check_attention_cp_compatibility",
                          "drafter init_attn_backend (spec)"],
             "setup_error": str(self._setup_error) if self._setup_error else None,
+            "backend_facts_arch": FACTS_ARCH.get(self.platform),
+            "backend_facts": self.backend_facts(),
         }
+
+    def backend_facts(self) -> dict[str, dict[str, Any]]:
+        """What vLLM declares on each backend class of its ``AttentionBackendEnum``, read now from the classes
+        (``backends.backend_facts``), on this process's platform answering for ``FACTS_ARCH`` (a few answers
+        depend on the device: FlashAttention's version, FlashInfer's KV dtypes). Empty when the setup failed
+        (``setup_error`` says why)."""
+        if self._setup_error is not None:
+            return {}
+        arch = FACTS_ARCH.get(self.platform)
+        platforms = self.vllm.platforms
+        with _quiet.quiet(), (platforms.visiting(arch) if arch else contextlib.nullcontext()):
+            return backends.backend_facts(self.vllm.enum, platforms._capability)
 
 
 def _source_is_mla(path: str, depth: int = 0) -> bool:

@@ -256,6 +256,20 @@ class FakePlatforms:
                 stack.enter_context(_amx_tiles(arch == "cpu_amx"))
             yield
 
+    @contextlib.contextmanager
+    def visiting(self, arch: str) -> Iterator[None]:
+        """``on(arch)`` for the duration, then the device answered for before (its capability, and the caches
+        vLLM filled on ``arch`` emptied): a question asked between cells (``VLLMEngine.metadata``) leaves the
+        next cell's platform as it found it."""
+        saved = (self.cuda_capability, self._last_arch)
+        try:
+            with self.on(arch):
+                yield
+        finally:
+            if self._last_arch != saved[1]:
+                self.clear_caches()
+                self.cuda_capability, self._last_arch = saved
+
     def clear_caches(self) -> None:
         """Empty every ``functools`` cache of vLLM's modules and classes.
 
