@@ -25,7 +25,7 @@ from .report.results import decode_text
 
 PROG = "pytest-mla"
 FORMATS = ("md", "html", "json", "terminal")
-VIEWS = ("all", "backends", "grid")
+VIEWS = ("all", "backends", "grid", "docs")
 #: Output suffixes ``render -o`` knows (anything else needs --format).
 SUFFIXES = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json", ".txt": "terminal"}
 
@@ -117,8 +117,13 @@ def output_format(fmt: str | None, out: str | None) -> str:
 
 
 def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: list[str] | None,
-           view: str | None = None, model: Any = None) -> str:
-    """``document`` rendered as ``fmt`` (``model``: its ``ReportModel``, shared between renderings)."""
+           view: str | None = None, model: Any = None, evidence: str | None = None) -> str:
+    """``document`` rendered as ``fmt`` (``model``: its ``ReportModel``, shared between renderings;
+    ``evidence``: the HTML report the docs view links to)."""
+    if view == "docs" and fmt != "md":
+        raise CliError(f"--view docs is a Markdown page (the docs page engines paste); not --format {fmt}")
+    if evidence is not None and view != "docs":
+        raise CliError("--evidence names the HTML report the docs page links to; it needs --view docs")
     if fmt == "json":
         if view is not None or rows or cols:
             raise CliError("--view/--rows/--cols shape a rendering; --format json writes the result document as is")
@@ -129,7 +134,7 @@ def render(document: dict[str, Any], fmt: str, rows: list[str] | None, cols: lis
         if fmt == "md":
             from .report.markdown import render_markdown
 
-            return render_markdown(document, rows, cols, view=view or "all", model=model)
+            return render_markdown(document, rows, cols, view=view or "all", model=model, evidence=evidence)
         if fmt == "html":
             from .report.html import render_html
 
@@ -160,8 +165,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .report.model import ReportModel
 
     model = ReportModel(document)
+    evidence = args.evidence
+    if args.view == "docs" and evidence is None and args.result != "-":
+        evidence = Path(args.result).with_suffix(".html").name  # the run writes NAME.html beside NAME.docs.md
+    if evidence == "none":
+        evidence = None
     for fmt, out in zip(formats, outputs):
-        text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view, model=model)
+        text = render(document, fmt, _axes(args.rows), _axes(args.cols), args.view, model=model,
+                      evidence=evidence)
         if fmt == "json" and out not in (None, "-"):
             try:
                 write_results(out, document["run"], document["cells"], inputs=[args.result])
@@ -231,7 +242,7 @@ def published_options(text: str) -> dict[str, str]:
     if not m:
         return {}
     words = html.unescape(m.group(1)).split()
-    return {w[2:]: v for w, v in zip(words, words[1:]) if w in ("--view", "--rows", "--cols", "--format")}
+    return {w[2:]: v for w, v in zip(words, words[1:]) if w in ("--view", "--rows", "--cols", "--format", "--evidence")}
 
 
 def first_difference(published: str, fresh: str) -> tuple[int, int, str, str]:
@@ -277,8 +288,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     cols = _axes(args.cols or recorded.get("cols"))
     if view not in VIEWS:
         raise CliError(f"{args.doc}: unknown view {view!r} in its banner (known: {', '.join(VIEWS)})")
-    fresh = render(document, fmt, rows, cols, view)
+    evidence = args.evidence or recorded.get("evidence")
+    fresh = render(document, fmt, rows, cols, view, evidence=evidence if view == "docs" else None)
     options = (f" --format {fmt}" + (f" --view {view}" if view != "all" else "")
+               + (f" --evidence {evidence}" if evidence and view == "docs" else "")
                + (f" --rows {','.join(rows)}" if rows else "") + (f" --cols {','.join(cols)}" if cols else ""))
     if published == fresh:
         print(f"{PROG} check: {args.doc} is up to date with {args.result}")
@@ -573,9 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output file (default: stdout); repeat it to write several formats from one read of "
                         "the result file (-o page.md -o page.html)")
     r.add_argument("--view", choices=VIEWS, default=None,
-                   help="backends: one row per backend, one column per feature (what engine docs publish); "
+                   help="backends: one row per backend, one column per feature; "
                         "grid: backend × arch · spec tables; all: both (default for md and html; "
-                        "grid for terminal)")
+                        "grid for terminal); docs: the short Markdown page an engine pastes into its docs "
+                        "(a run writes it as NAME.docs.md)")
+    r.add_argument("--evidence", metavar="URL",
+                   help="--view docs: the HTML report each symbol links to, a URL or a path relative to the "
+                        "page (default: RESULT.html beside the page; 'none': no links)")
     r.add_argument("--rows", metavar="AXES", help="row axes of the md grid, comma-separated (default: backend)")
     r.add_argument("--cols", metavar="AXES", help="column axes of the md grid, comma-separated (default: arch,spec)")
     r.set_defaults(func=cmd_render)
@@ -617,6 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", "-f", choices=("md", "html"), default=None,
                    help="what DOC is (default: from its banner, else .html/.htm → html, else md)")
     c.add_argument("--view", choices=VIEWS, default=None, help="the view DOC was rendered with (default: its banner)")
+    c.add_argument("--evidence", metavar="URL", default=None,
+                   help="the HTML report a docs page links to (default: its banner)")
     c.add_argument("--rows", metavar="AXES", help="row axes the document was rendered with (default: its banner)")
     c.add_argument("--cols", metavar="AXES", help="column axes the document was rendered with (default: its banner)")
     c.set_defaults(func=cmd_check)

@@ -350,7 +350,7 @@ class ResultCollector:
                       f"with: pytest-mla render {path})")
             return None
         finally:  # renderings of the previous run do not stay beside a JSON they do not describe
-            self.remove_stale([p for p in (_with_ext(stem, "md"), _with_ext(stem, "html"))
+            self.remove_stale([p for p in (_with_ext(stem, "md"), _with_ext(stem, "docs.md"), _with_ext(stem, "html"))
                                if p not in self.written[first:]])
 
     def lost(self, text: str) -> None:
@@ -637,7 +637,8 @@ def engine_metadata(engine: Any) -> dict[str, Any]:
 
 def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...], written: list[Path],
                  model: Any = None, inputs: Any = ()) -> str | None:
-    """Markdown and HTML next to the JSON, from the same document; returns the Markdown (None if not asked)."""
+    """Markdown (the full report and the docs page, ``NAME.docs.md``) and HTML next to the JSON, from the
+    same document; returns the full Markdown report (None if not asked)."""
     from .report.model import ReportModel
 
     markdown = None
@@ -647,6 +648,9 @@ def render_files(document: dict[str, Any], stem: Path, formats: tuple[str, ...],
 
         markdown = render_markdown(document, model=model)
         written.append(write_text_atomic(_with_ext(stem, "md"), markdown, inputs=inputs))
+        evidence = _with_ext(stem, "html").name if "html" in formats else None  # the page's links, beside it
+        docs = render_markdown(document, model=model, view="docs", evidence=evidence)
+        written.append(write_text_atomic(_with_ext(stem, "docs.md"), docs, inputs=inputs))
     if "html" in formats:
         from .report.html import render_html
 

@@ -12,7 +12,9 @@ and scrolls wide tables sideways; so does this page). Writes:
 
 - ``docs/backends-view-html.png``: ``pytest-mla render RESULT --view backends -f html``;
 - ``docs/backends-view-github.png``: the backends view's Markdown, rendered like GitHub;
-- ``docs/report-screenshot.png``: the full HTML page (backends view above the interactive matrix).
+- ``docs/report-screenshot.png``: the full HTML page (backends view above the interactive matrix);
+- ``docs/docs-page-sglang.png``, ``docs/docs-page-vllm.png``: the docs pages (``--view docs``) of the
+  committed SGLang and vLLM reports, rendered like GitHub (``--docs-only``: these two alone).
 """
 
 from __future__ import annotations
@@ -89,12 +91,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("result", nargs="?", default=str(ROOT / "reports" / "sglang-0.5.23.json"))
     parser.add_argument("--out", default=str(ROOT / "docs"))
+    parser.add_argument("--docs-only", action="store_true", help="only the docs pages of the committed reports")
     args = parser.parse_args()
     browser = chromium()
-    document = read_results(args.result)
     out = Path(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
+        for engine, name in (("sglang", "sglang-0.5.23"), ("vllm", "vllm-0.34.0")):
+            page = tmp_dir / f"{name}.docs.html"
+            docs = render_markdown(read_results(ROOT / "reports" / f"{name}.json"), view="docs",
+                                   evidence=f"{name}.html")
+            page.write_text(github_page(docs, f"{name} docs page"), encoding="utf-8")
+            shoot(browser, page, out / f"docs-page-{engine}.png", "1300,3400")
+        if args.docs_only:
+            return
+        document = read_results(args.result)
         page = tmp_dir / "backends.html"
         page.write_text(render_html(document, view="backends"), encoding="utf-8")
         shoot(browser, page, out / "backends-view-html.png", "1400,1500")

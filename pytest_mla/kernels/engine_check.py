@@ -32,6 +32,7 @@ failure.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -41,6 +42,7 @@ from ..core.errors import AdapterError
 from ..core.kernelspec import KernelSpec
 from .collectives import Collectives, run_ranks_in_process
 from .engine_runner import BackendRaised, EngineCannotRun, EngineRunner, RankContext, RankResult, engine_function_of
+from .inputs import free_slot_value, free_slots
 
 #: Recorded on interpreted bf16 checks (see ``interpreter.interpreter_fixes`` and docs/troubleshooting.md).
 BF16_NOTE = "bf16 tl.dot operands widened to fp32 inside Triton's interpreter (bf16_dot_fix)"
@@ -50,7 +52,14 @@ EMULATED_NOTE = ("kernels emulated in float64 from the libraries' contracts: the
                  "ran (metadata, page tables, layouts, scales, DCP gather and merge); not checked: the kernels' "
                  "numerics, CUDA-graph capture and replay, split-KV schedules, fused kernels gated off on this host")
 
-__all__ = ["BF16_NOTE", "EMULATED_NOTE", "BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
+#: A check whose output turned NaN or Inf on caches whose free slots are NaN, and that matched with those
+#: slots zero-filled (``free_slot_only``): the state the engines' own caches start in.
+FREE_SLOT_NOTE = ("free slots: the output turned non-finite with the caches' free slots NaN-poisoned, and matched "
+                  "the float64 reference with them zero-filled, as SGLang and vLLM allocate their caches "
+                  "(torch.zeros): only a NaN or Inf in a free slot reaches the output (hardening: a missing mask, "
+                  "not a wrong output on the engine's own cache)")
+
+__all__ = ["BF16_NOTE", "EMULATED_NOTE", "FREE_SLOT_NOTE", "BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_function_of", "run_engine_check"]
 
 
 def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process", where: str = "interpreter",
@@ -201,7 +210,29 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
         notes.append(BF16_NOTE)
     if notes:
         record["notes"] = notes
+    if not ok and _non_finite(out_check) and math.isnan(free_slot_value()) and _matches_with_zeroed_free_slots(
+            case, spec, inputs, power, tol, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s, reference=truth):
+        record["free_slot_only"] = True
+        record.setdefault("notes", []).append(FREE_SLOT_NOTE)
     return record
+
+
+def _non_finite(check: Any) -> bool:
+    """Whether a comparison failed on NaN or Inf positions (the trace of a poisoned slot that was read)."""
+    return bool(check.nan_mismatch or check.posinf_mismatch or check.neginf_mismatch)
+
+
+def _matches_with_zeroed_free_slots(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *,
+                                    dcp_mode: str, where: str, timeout_s: float, reference: Any) -> bool:
+    """Whether the same check matches with every free cache slot zero-filled (the engines' own caches
+    start so). A rerun that fails otherwise (raises, or is still out of tolerance) is a plain failure."""
+    try:
+        with free_slots(0.0):
+            again = _run_once(case, spec, inputs.with_free_slots(0.0), power, tol, dcp_mode=dcp_mode, where=where,
+                              timeout_s=timeout_s, reference=reference)
+    except Exception:  # noqa: BLE001 - it failed otherwise too: the first run's record stands as it is
+        return False
+    return again["status"] == "verified"
 
 
 def _gather_heads(results: list[RankResult], ref_out: torch.Tensor, ref_lse: torch.Tensor):

@@ -26,9 +26,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -50,7 +51,30 @@ __all__ = [
     "gen_tree_mask",
     "selected_mask",
     "gen_uniform_values",
+    "free_slot_value",
+    "free_slots",
 ]
+
+#: What the free cache slots hold (``free_slot_value``): NaN, so that a read past a sequence shows.
+_FREE_SLOT = [math.nan]
+
+
+def free_slot_value() -> float:
+    """The value every free slot of a check's caches holds: NaN (a missing mask shows), or, inside
+    ``free_slots(v)``, ``v``. Engine runners fill their own caches' free slots with it."""
+    return _FREE_SLOT[0]
+
+
+@contextlib.contextmanager
+def free_slots(value: float) -> Iterator[None]:
+    """Free cache slots hold ``value`` for the duration: ``0.0`` is the state a server's cache starts in
+    (SGLang and vLLM allocate it with ``torch.zeros``). One check at a time per process."""
+    saved = _FREE_SLOT[0]
+    _FREE_SLOT[0] = float(value)
+    try:
+        yield
+    finally:
+        _FREE_SLOT[0] = saved
 
 #: Block-table value of an entry past a sequence's last page; never to be read.
 UNUSED_PAGE = 2**30
@@ -143,6 +167,16 @@ class DecodeInputs:
         return dataclasses.replace(self, kv_cache=unscaled(self.kv_cache), v_cache=unscaled(self.v_cache),
                                    kv_scale=1.0)
 
+    def with_free_slots(self, value: float) -> "DecodeInputs":
+        """These inputs with every NaN of the caches (their free slots and spare pages: real tokens are
+        finite) replaced by ``value``."""
+        def filled(cache: torch.Tensor | None) -> torch.Tensor | None:
+            if cache is None:
+                return None
+            wide = cache.to(torch.float32)
+            return torch.where(torch.isnan(wide), torch.full_like(wide, value), wide).to(cache.dtype)
+        return dataclasses.replace(self, kv_cache=filled(self.kv_cache), v_cache=filled(self.v_cache))
+
     def to(self, device: torch.device | str) -> "DecodeInputs":
         def move(x):
             return x.to(device) if isinstance(x, torch.Tensor) else x
@@ -194,7 +228,7 @@ def gen_paged_cache(
 
     def empty_like_rows(sample: torch.Tensor) -> torch.Tensor:
         cache = torch.empty(num_pages, page_size, *sample.shape[1:], dtype=sample.dtype)
-        return cache.fill_(math.nan)
+        return cache.fill_(free_slot_value())
 
     cache = empty_like_rows(rows[0])
     v_cache = empty_like_rows(v_rows[0]) if v_rows is not None else None

@@ -200,7 +200,7 @@ def build_backends_view(model: ReportModel) -> BackendsView:
 
 def _build_backends_view(model: ReportModel) -> BackendsView:
     notes = Notes()
-    plain = _plain_values(model)
+    plain = plain_values(model.feature_axes)
     columns = _columns(model, plain)
     families = []
     kinds = {m: model.is_mla(m) for m in model.feature_axes.get("model", [])}
@@ -228,8 +228,9 @@ def _build_backends_view(model: ReportModel) -> BackendsView:
     return BackendsView(columns, families, build_probe_answers(model), notes, plain, stops)
 
 
-def _plain_values(model: ReportModel) -> dict[str, Any]:
-    axes = model.feature_axes
+def plain_values(axes: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """axis → its plain value, the one feature columns compare against: spec ``none``, DCP 1, the
+    default KV dtype (``auto``, else the first), where the matrix has it."""
     plain: dict[str, Any] = {}
     if "none" in axes.get("spec", []):
         plain["spec"] = "none"
@@ -240,9 +241,10 @@ def _plain_values(model: ReportModel) -> dict[str, Any]:
     return plain
 
 
-def _spec_kind(value: str) -> str | None:
+def spec_kind(value: Any) -> str | None:
+    """``chain`` (topk 1), ``tree`` (topk > 1), or None (no speculative decoding, or not a spec value)."""
     try:
-        s = parse_spec(value)
+        s = parse_spec(str(value))
     except SpecError:
         return None
     if not s.enabled:
@@ -269,7 +271,7 @@ def _columns(model: ReportModel, plain: Mapping[str, Any]) -> list[Column]:
         title = f"{label} {arch}" if several and label else str(arch)
         columns.append(Column(title, "arch", lambda c, a=arch: c.get("arch") == a and base(c), (),
                               f"the plain configuration on {arch}"))
-    kinds = {s: _spec_kind(s) for s in axes.get("spec", [])}
+    kinds = {s: spec_kind(s) for s in axes.get("spec", [])}
     chains = [s for s, k in kinds.items() if k == "chain"]
     trees = [s for s, k in kinds.items() if k == "tree"]
     no_dcp = fixed("dcp")
@@ -877,5 +879,5 @@ def _axis_words(axis: str, values: Sequence[Any]) -> str:
     return f"with {axis} {text}"
 
 
-__all__ = ["build_backends_view", "build_probe_answers", "CONSTRUCTION_STOPS", "COUNTING", "BackendsView", "Column",
+__all__ = ["build_backends_view", "build_probe_answers", "plain_values", "spec_kind", "CONSTRUCTION_STOPS", "COUNTING", "BackendsView", "Column",
            "Entry", "Family", "ProbeAnswer", "Refused", "Row", "LEGEND", "SYMBOL"]

@@ -61,23 +61,28 @@ class FindingFacts:
     text: str  # the exception's text, or the check's message
     frames: tuple[str, ...] = ()  # raised: the engine's frames, outermost first (when the record has them)
     emulated: tuple[str, ...] = ()  # level emulated: the library callables that ran as emulations
+    #: A mismatch only with NaN-poisoned free cache slots: with them zero-filled (the engines' own caches
+    #: start so) the output matched (``kernel.free_slot_only``): a hardening gap, not a wrong output.
+    hardening: bool = False
 
     @property
     def key(self) -> tuple[Any, ...]:
         """Cells with equal keys are one finding."""
         text = re.sub(r"\d+", "N", self.text) if self.kind == "raised" else ""
-        return (self.engine, self.kind, self.step, self.level, self.function, self.error, text)
+        return (self.engine, self.kind, self.step, self.level, self.function, self.error, text, self.hardening)
 
     @property
     def title(self) -> str:
         """``decode raises AssertionError in MLATokenToKVPool.set_kv_buffer``."""
         if self.kind == "raised":
             return f"{self.step} raises {self.error} in {short_function(self.function)}"
+        if self.hardening:
+            return f"{self.step}: a NaN in a free cache slot reaches the output of {short_function(self.function)}"
         return f"{self.step} out of tolerance in {short_function(self.function)}"
 
     @property
     def phase(self) -> ServerPhase:
-        return server_phase(self.engine, self.step, self.kind, self.function)
+        return server_phase(self.engine, self.step, "hardening" if self.hardening else self.kind, self.function)
 
     @property
     def statement(self) -> str:
@@ -102,7 +107,7 @@ def finding_facts(record: Mapping[str, Any], engine: str = "") -> FindingFacts |
         return FindingFacts(engine, "raised", step, level, k.get("function"), str(error), str(text or ""),
                             tuple(k.get("frames") or ()), emulated)
     return FindingFacts(engine, "mismatch", step, level, k.get("function"), "mismatch",
-                        str(k.get("message") or "out of tolerance"), (), emulated)
+                        str(k.get("message") or "out of tolerance"), (), emulated, bool(k.get("free_slot_only")))
 
 
 def not_a_finding(record: Mapping[str, Any]) -> str:

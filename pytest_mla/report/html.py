@@ -41,7 +41,11 @@ from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .findings import Finding, repro_command
+from .docs import build_docs_view
 from .markdown import FINDINGS_INTRO, VIEWS, render_command
+
+#: The docs view is a Markdown page; the HTML report is what its symbols link to.
+HTML_VIEWS = tuple(v for v in VIEWS if v != "docs")
 from .model import LEGEND, STATES, Notes, ReportModel, cell_state, format_value, one_line, reason_line, tier_line
 from .symbols import PARTIAL, SYMBOLS
 
@@ -230,6 +234,9 @@ def build_data(model: ReportModel) -> dict[str, Any]:
         "strings": strings,
         "bodies": bodies,
         "cells": cells,
+        # The docs page's link keys (``#g=KEY``) → the filters that show the cells under each symbol.
+        "groups": {key: "&".join(f"{axis}={','.join(values)}" for axis, values in filters.items())
+                   for key, filters in build_docs_view(model).links.items()},
     }
 
 
@@ -310,8 +317,8 @@ def _facts(model: ReportModel) -> list[tuple[str, str]]:
 def render_html(document: Mapping[str, Any], *, view: str = "all", model: ReportModel | None = None) -> str:
     """The report as one self-contained HTML page: ``all``, ``backends`` or ``grid`` (``model``: the
     ``ReportModel`` of ``document``, to share its work with other renderings)."""
-    if view not in VIEWS:
-        raise ValueError(f"unknown view {view!r} (known: {', '.join(VIEWS)})")
+    if view not in HTML_VIEWS:
+        raise ValueError(f"unknown view {view!r} (known: {', '.join(HTML_VIEWS)})")
     model = model if model is not None else ReportModel(document)
     run = model.run
     title = run.get("title") or run.get("matrix") or "pytest-mla report"

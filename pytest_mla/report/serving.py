@@ -135,11 +135,20 @@ _SGLANG_SOURCES = (
 def server_phase(engine: str, step: str, kind: str = "raised", function: str | None = None) -> ServerPhase:
     """When a server meets a finding in its ``decode`` or ``verify`` step, from the engine's defaults.
 
-    ``kind`` ``"mismatch"`` (an output out of tolerance) never stops a server: it serves wrong outputs.
+    ``kind`` ``"mismatch"`` (an output out of tolerance) never stops a server: it serves wrong outputs;
+    ``"hardening"`` (out of tolerance only with NaN in free cache slots) does not touch a server's outputs.
     ``function``: where it raised; a constructor (``...__init__``) raises while the server builds its
     attention backend, before any graph capture.
     """
     what = "decode" if step == "decode" else "verify"
+    if kind == "hardening":
+        return ServerPhase("only with a non-finite free slot",
+                           "hardening: only a NaN or Inf in a free KV slot reaches the output",
+                           f"only if a free KV-cache slot holds NaN or Inf: the check poisons the free slots with NaN "
+                           f"and the {what} output turned NaN; with them zero-filled, as the engine allocates its "
+                           "cache (torch.zeros), the same inputs matched the float64 reference. A server whose cache "
+                           "holds zeros or finite stale values there returns the right tokens; the missing mask lets "
+                           "a NaN written by any other fault spread to every request that reads the page")
     if kind == "mismatch":
         return ServerPhase("first step", "a server serves wrong outputs, silently",
                            f"silently, from its first {what} step: nothing raises (CUDA-graph capture and start-up "

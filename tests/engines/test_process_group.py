@@ -73,7 +73,7 @@ def test_the_exchanges_sglang_uses_and_the_after_hook():
 
     def rank(collectives):
         me = collectives.rank
-        group = DcpGroup(collectives, after=lambda: calls.append(me), name="pytest-mla:dcp", cpu_group="none")
+        group = DcpGroup(collectives, after=lambda: calls.append(me), name="pytest-mla:dcp", cpu_group=False)
         outs = [torch.empty(2) for _ in range(2)]
         assert group.all_gather(torch.full((2,), float(me)), output_tensor_list=outs) is None
         exchanged = torch.empty(4)

@@ -7,7 +7,10 @@ way SGLang's ``cp_lse_ag_out_rs`` does: all-gather the LSEs, scale its own
 partial, all-reduce, keep its own slice of heads. ``options`` select faults:
 ``merge="average"`` ignores the LSEs; ``raise_in="decode"`` raises inside
 this "engine package"; ``positions="local"`` masks by local positions; ``scratch="unwritten"`` combines a
-partial output it allocated and never wrote with weight 0 (verify_splitkv's skipped splits).
+partial output it allocated and never wrote with weight 0 (verify_splitkv's skipped splits);
+``tail="unmasked"`` reads the value rows of a request's whole last page, free slots included, with
+probability 0 (the shape of vLLM's XPU tensor-descriptor load: right on a zeroed cache, NaN on a poisoned one);
+``tail="weighted"`` gives them weight 0.5 (wrong on any cache).
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ def run(inputs, ctx, options):
         mask = inputs.tree_mask[i] if inputs.tree_mask is not None else None
         out[i], lse[i] = decode_rank(inputs.q[i], rows, inputs.head_dim_v, positions, seqlen, inputs.softmax_scale, mask,
                                      options.get("raise_in"))
+        if options.get("tail") in ("unmasked", "weighted") and world == 1:  # P times the free slots' V rows
+            page = inputs.kv_cache.shape[1]
+            tail = _dense(inputs.kv_cache, inputs.block_table[i], -(-n // page) * page)[n:, 0, :inputs.head_dim_v]
+            weight = 0.0 if options["tail"] == "unmasked" else 0.5  # "weighted": a wrong answer on any cache
+            p = torch.full((s_q, h, tail.shape[0]), weight, device=device)  # each free slot's probability
+            out[i] = (1 - weight * bool(tail.shape[0])) * out[i] + torch.einsum("ihj,jd->ihd", p, tail.float())
     if options.get("scratch") == "unwritten":  # a skipped split's partial, weight 0: 0 x whatever memory holds
         skipped = torch.empty_like(out)
         out = out + 0.0 * skipped

@@ -179,3 +179,21 @@ def test_engine_reading_memory_it_never_wrote_fails_the_same_on_every_host(dcp_m
     rec = run_engine_check(case(2), spec(scratch="unwritten"), dcp_mode=dcp_mode)
     assert rec["status"] == "failed" and "NaN position(s) differ" in rec["message"], rec["message"]
     assert run_engine_check(case(2), spec(), dcp_mode=dcp_mode)["status"] == "verified"
+
+
+def test_a_read_of_free_slots_that_only_nan_poisoning_shows_is_told_apart_as_hardening():
+    """The engine reads its last page's free slots with probability 0: NaN there makes the output NaN, a zeroed
+    cache (what SGLang and vLLM allocate) leaves it right. The check still fails (poisoned caches are how a
+    missing mask is found) and says it is a hardening gap, not a wrong output on the engine's own cache."""
+    from pytest_mla.kernels.engine_check import FREE_SLOT_NOTE
+    from pytest_mla.kernels.inputs import free_slot_value
+
+    rec = run_engine_check(case(1), spec(tail="unmasked"))
+    assert rec["status"] == "failed" and rec["errors"]["out"]["nan_mismatch"] > 0
+    assert rec["free_slot_only"] is True and FREE_SLOT_NOTE in rec["notes"]
+    assert free_slot_value() != free_slot_value()  # NaN again after the rerun
+    # NaN on the poisoned cache and wrong on a zeroed one too: a plain failure
+    wrong = run_engine_check(case(1), spec(tail="weighted"))
+    assert wrong["status"] == "failed" and wrong["errors"]["out"]["nan_mismatch"] > 0
+    assert "free_slot_only" not in wrong and FREE_SLOT_NOTE not in (wrong.get("notes") or [])
+    assert run_engine_check(case(1), spec())["status"] == "verified"

@@ -345,12 +345,12 @@ def test_an_engines_name_and_version_cannot_steer_the_report_files(pytester):
     result.assert_outcomes(passed=2)
     _no_traceback(result)
     reports = pytester.path / "reports"
-    written = sorted(p.name for p in reports.iterdir())  # .html, .json, .md and the run facts (.run.json)
-    assert len(written) == 4 and all(len(name.encode()) <= 210 for name in written)
+    written = sorted(p.name for p in reports.iterdir())  # .docs.md, .html, .json, .md and the run facts (.run.json)
+    assert len(written) == 5 and all(len(name.encode()) <= 210 for name in written)
     assert all("/" not in name and "\u200b" not in name and not name.startswith(".") for name in written)
     assert written[0].startswith("escaped-1.0_.._.._.._etc_x9999")  # separators and the invisible one: _
     assert not (pytester.path.parent / "escaped").exists()
-    doc = read_results(reports / written[1])
+    doc = read_results(reports / next(n for n in written if n.endswith(".json") and not n.endswith(".run.json")))
     assert doc["run"]["engine"]["name"] == "../../escaped\u200b"  # the JSON keeps what the adapter said
 
 

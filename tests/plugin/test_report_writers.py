@@ -163,7 +163,7 @@ def test_a_new_report_never_sits_beside_renderings_of_the_previous_run(liar, mon
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     result.stdout.fnmatch_lines(["mla report: cannot render the reports of *m.json: KeyError: 'no such column'*"])
     # the new JSON landed with its own run facts and Markdown; the old HTML is gone, not left to contradict it
-    assert sorted(p.name for p in reports.iterdir()) == ["m.json", "m.md", "m.run.json"]
+    assert sorted(p.name for p in reports.iterdir()) == ["m.docs.md", "m.json", "m.md", "m.run.json"]
     assert len(read_results(reports / "m.json")["cells"]) == 2
     assert b"the previous" not in (reports / "m.md").read_bytes() + (reports / "m.run.json").read_bytes()
     monkeypatch.setattr(pytest_mla.report.html, "render_html", render_html)  # (pytester's cwd is on monkeypatch)
@@ -228,4 +228,4 @@ def test_a_held_report_folder_lock_stops_the_run_and_only_the_controller_takes_i
     result = liar.runpytest("--mla-matrix=m.toml", *workers)
     result.assert_outcomes(passed=2)
     assert result.ret == pytest.ExitCode.OK
-    assert sorted(p.name for p in reports.iterdir()) == ["m.html", "m.json", "m.md", "m.run.json"]
+    assert sorted(p.name for p in reports.iterdir()) == ["m.docs.md", "m.html", "m.json", "m.md", "m.run.json"]

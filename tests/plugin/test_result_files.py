@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from pytest_mla.cli import main as cli_main
 from pytest_mla.report.results import read_results
 
 from .helpers import HANGS, LIAR_CONFTEST, matrix, read_report
@@ -55,7 +56,10 @@ def test_the_same_run_writes_the_same_bytes_and_keeps_run_facts_beside(liar):
     liar.runpytest("--mla-matrix=m.toml", "-p", "no:xdist").assert_outcomes(passed=33)
     reports = liar.path / "reports"
     first = {p.name: p.read_bytes() for p in reports.iterdir()}
-    assert sorted(first) == ["m.html", "m.json", "m.md", "m.run.json"]
+    assert sorted(first) == ["m.docs.md", "m.html", "m.json", "m.md", "m.run.json"]
+    # the docs page links into the HTML report beside it and passes the drift gate as written
+    assert b"](m.html#g=" in first["m.docs.md"]
+    assert cli_main(["check", str(reports / "m.docs.md"), "--from", str(reports / "m.json")]) == 0
     text = first["m.json"].decode()
     for volatile in ('"started"', '"finished"', '"git_commit"', '"args"', '"duration_s"', '"time_s"'):
         assert volatile not in text
@@ -66,14 +70,14 @@ def test_the_same_run_writes_the_same_bytes_and_keeps_run_facts_beside(liar):
     time.sleep(1.1)  # a second later: other timestamps, other durations
     liar.runpytest("--mla-matrix=m.toml", "-p", "no:xdist").assert_outcomes(passed=33)
     again = {p.name: p.read_bytes() for p in reports.iterdir()}
-    assert {n: again[n] == first[n] for n in first} == {"m.html": True, "m.json": True, "m.md": True,
-                                                         "m.run.json": False}
+    assert {n: again[n] == first[n] for n in first} == {"m.docs.md": True, "m.html": True, "m.json": True,
+                                                         "m.md": True, "m.run.json": False}
     # xdist: cells come back in another order and the file is written again in matrix order
     result = liar.runpytest_subprocess("--mla-matrix=m.toml", "-n", "2")
     result.assert_outcomes(passed=33)
     parallel = {p.name: p.read_bytes() for p in reports.iterdir()}
-    assert {n: parallel[n] == first[n] for n in ("m.html", "m.json", "m.md")} == {
-        "m.html": True, "m.json": True, "m.md": True}
+    assert {n: parallel[n] == first[n] for n in ("m.docs.md", "m.html", "m.json", "m.md")} == {
+        "m.docs.md": True, "m.html": True, "m.json": True, "m.md": True}
 
 
 def test_a_record_travels_from_an_xdist_worker_as_one_json_text(liar):

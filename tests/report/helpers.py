@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -147,3 +148,18 @@ def screenshot(browser: str, url: str, out: Path, size: str = "1400,900", timeou
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run(chromium_args(browser, profile) + [f"--window-size={size}", f"--screenshot={out}", url],
                        capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def table_after(md: str, heading: str, *, links: bool = True) -> list[list[str]]:
+    """The rows of the first Markdown table after ``heading``; the no-break spaces inside entries read as
+    spaces; ``links=False``: each link is its text (``[text](url)`` → ``text``)."""
+    lines = md.splitlines()
+    i = lines.index(heading)
+    while not lines[i].startswith("|"):
+        i += 1
+    rows = []
+    while i < len(lines) and lines[i].startswith("|"):
+        line = lines[i] if links else re.sub(r"\[((?:\\.|[^\]\\])*)\]\([^)]*\)", r"\1", lines[i])
+        rows.append([c.strip().replace("\u00a0", " ") for c in line.strip("|").split(" | ")])
+        i += 1
+    return rows

@@ -18,7 +18,7 @@ from pytest_mla.report.markdown import render_markdown
 from pytest_mla.report.results import read_results
 from pytest_mla.report.terminal import render_terminal
 
-from .helpers import MSG_ARCH, MSG_DCP, not_run, record, verified
+from .helpers import MSG_ARCH, MSG_DCP, not_run, record, table_after, verified
 
 AXES = {
     "model": ["deepseek-v3", "llama-3.1-8b"],
@@ -113,19 +113,6 @@ EXPECTED_PROBES = [
     ["", "48", "with DCP 1 or 2", f"⛔ ValueError: {MSG_BOGUS}"],
     ["dcp = 0", "96", "", "⛔ ValueError: dcp\\_size must be &gt;= 1, got 0."],
 ]
-
-
-def table_after(md: str, heading: str) -> list[list[str]]:
-    """The rows of the first Markdown table after ``heading``; the no-break spaces inside entries read as spaces."""
-    lines = md.splitlines()
-    i = lines.index(heading)
-    while not lines[i].startswith("|"):
-        i += 1
-    rows = []
-    while i < len(lines) and lines[i].startswith("|"):
-        rows.append([c.strip().replace("\u00a0", " ") for c in lines[i].strip("|").split(" | ")])
-        i += 1
-    return rows
 
 
 def section(md: str, heading: str) -> list[str]:

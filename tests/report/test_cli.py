@@ -23,7 +23,7 @@ def run_dir(pytester):
     result = pytester.runpytest("--mla-matrix=m.toml", "--mla-kernel=off", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=48)
     reports = pytester.path / "reports"
-    assert sorted(p.name for p in reports.iterdir()) == ["m.html", "m.json", "m.md", "m.run.json"]
+    assert sorted(p.name for p in reports.iterdir()) == ["m.docs.md", "m.html", "m.json", "m.md", "m.run.json"]
     return reports
 
 

@@ -84,6 +84,23 @@ def test_cells_that_fail_alike_are_one_finding_numbered_in_matrix_order():
     assert len(group_findings([a, b, c], "sglang")) == 2
 
 
+def test_a_mismatch_only_nan_poisoned_free_slots_show_is_a_hardening_finding_of_its_own():
+    """A record whose check matched once the free slots were zero-filled (``free_slot_only``): its own finding,
+    never counted as a wrong output, and no claim that a server returns wrong tokens."""
+    doc = sglang_document()
+    nan = {"status": "failed", "where": "sm90", "level": "backend", "function": "eng.backend:Backend.forward_decode",
+           "message": "out: 8192 NaN position(s) differ (first at [0, 0, 0, 0])", "free_slot_only": True}
+    make_finding(doc, "deepseek-v3/triton/dcp4/none/sm100", nan)
+    findings = group_findings(doc["cells"], "sglang")
+    wrong, hardening = findings[2], findings[3]
+    assert wrong.facts.title == "decode out of tolerance in Backend.forward_decode"
+    assert hardening.facts.title == "decode: a NaN in a free cache slot reaches the output of Backend.forward_decode"
+    assert "wrong" in wrong.facts.phase.short and "wrong" not in hardening.facts.phase.short
+    assert hardening.facts.phase.short.startswith("hardening") and "zero-filled" in hardening.facts.phase.text
+    md = render_markdown(doc, view="docs")
+    assert "hardening: a NaN in a free KV slot reaches the output of Backend.forward\\_decode" in md
+
+
 def test_a_record_without_the_raised_fields_is_read_from_its_message():
     doc = sglang_document()
     cell = find(doc, "deepseek-v3/triton/dcp2/eagle-1x3/sm90")

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from . import MODEL_CONFIGS
 
-__all__ = ["ATTENTION_FIELDS", "FP8_BLOCK", "SMALL", "reference_logits", "small_config", "write_checkpoint"]
+__all__ = ["ATTENTION_FIELDS", "SCALE_SUFFIX", "SMALL", "reference_logits", "small_config", "write_checkpoint"]
 
 #: ``config.json`` fields that decide the attention computation: kept from the real checkpoint.
 ATTENTION_FIELDS = ("model_type", "architectures", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
@@ -89,7 +89,7 @@ def write_checkpoint(config: Mapping[str, Any], folder: str | os.PathLike[str], 
 
     A ``config`` with DeepSeek's ``quantization_config`` (fp8, 128x128 blocks) gets the released
     checkpoint's layout: each quantized linear weight in ``float8_e4m3fn`` with its block scales as
-    ``weight_scale_inv`` (``FP8_BLOCK``)."""
+    ``weight_scale_inv`` (``SCALE_SUFFIX``)."""
     block = _fp8_block(config)  # a format it cannot write is refused before any work
 
     import torch
@@ -135,10 +135,11 @@ def _fp8_block(config: Mapping[str, Any]) -> tuple[int, int] | None:
 #: Tensors a released checkpoint keeps in float32 (DeepSeek's MoE router bias); transformers also keeps
 #: the router's weight in float32, which the released checkpoints store like every other weight.
 FLOAT32_TENSORS = ("e_score_correction_bias",)
+#: The suffix of a quantized weight's block scales: ``X.weight`` is stored with ``X.weight_scale_inv``.
+SCALE_SUFFIX = "weight_scale_inv"
 #: Linear weights an fp8 DeepSeek checkpoint leaves unquantized: the embeddings, the LM head and the
 #: MoE router (the engines build it without a quantization config); every other ``*.weight`` of two
 #: dimensions is a quantized linear layer's.
-FP8_BLOCK = "weight_scale_inv"
 _NOT_QUANTIZED = ("model.embed_tokens.weight", "lm_head.weight", ".mlp.gate.weight")
 
 
@@ -152,7 +153,7 @@ def _as_released(path: Path, dtype: Any, block: tuple[int, int] | None) -> None:
         if tensor.is_floating_point() and tensor.dtype != dtype and not name.endswith(FLOAT32_TENSORS):
             tensors[name] = tensor.to(dtype)
         if block and tensor.dim() == 2 and name.endswith(".weight") and not name.endswith(_NOT_QUANTIZED):
-            tensors[name], tensors[name.removesuffix("weight") + FP8_BLOCK] = _quantize_blocks(tensor, block)
+            tensors[name], tensors[name.removesuffix("weight") + SCALE_SUFFIX] = _quantize_blocks(tensor, block)
     save_file(tensors, path, metadata={"format": "pt"})
 
 
@@ -179,10 +180,10 @@ def _dequantized(tensors: dict[str, Any]) -> dict[str, Any]:
 
     out = {}
     for name, tensor in tensors.items():
-        if name.endswith(FP8_BLOCK):
+        if name.endswith(SCALE_SUFFIX):
             continue
         value = tensor.to(torch.float64)
-        scale = tensors.get(name.removesuffix("weight") + FP8_BLOCK)
+        scale = tensors.get(name.removesuffix("weight") + SCALE_SUFFIX)
         if scale is not None:
             rows = -(-value.shape[0] // scale.shape[0])
             cols = -(-value.shape[1] // scale.shape[1])

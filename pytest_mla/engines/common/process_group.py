@@ -41,11 +41,12 @@ class DcpGroup:
     """What an engine's DCP attention path asks of a ``GroupCoordinator``, over the harness's collectives.
 
     ``after``: called when each collective returns to the calling rank (see the module docstring).
-    ``name`` and ``cpu_group``: as the engine's own coordinator would carry them.
+    ``name``: the coordinator's ``unique_name``; ``cpu_group``: whether it has a CPU group (the device
+    group stands in for it) or None there, as the engine's own coordinator would.
     """
 
     def __init__(self, collectives: Any, device: Any = None, *, after: Callable[[], None] = _nothing,
-                 name: str = "dcp:pytest-mla", cpu_group: str = "device") -> None:
+                 name: str = "dcp:pytest-mla", cpu_group: bool = True) -> None:
         self._c = collectives
         self._after_collective = after
         self.world_size = collectives.world
@@ -59,7 +60,7 @@ class DcpGroup:
         self.device = device
         group = collectives.process_group
         self.device_group = group if group is not None or collectives.world == 1 else InProcessGroup(collectives, after)
-        self.cpu_group = self.device_group if cpu_group == "device" else None
+        self.cpu_group = self.device_group if cpu_group else None
         self.unique_name = name
 
     def _after(self, value: Any) -> Any:

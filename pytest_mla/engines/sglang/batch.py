@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 from typing import Any, Iterator
 
 import torch
 
+from ...kernels.inputs import free_slot_value
 from .support import adapter_error, construct, make_dataclass
 
 __all__ = ["poison", "verify_input", "write_loc"]
@@ -188,8 +188,9 @@ def verify_input(setup: Any, engine: Any) -> tuple[Any, torch.Tensor, torch.Tens
 
 
 def poison(buffer: torch.Tensor, dtype: torch.dtype) -> None:
-    """Fill a pool buffer (possibly stored as bytes) with NaN of its logical ``dtype``."""
-    nan = torch.full(buffer.shape, math.nan, dtype=dtype, device=buffer.device)
+    """Fill a pool buffer (possibly stored as bytes) with the free-slot value of its logical ``dtype``
+    (``kernels.inputs.free_slot_value``: NaN, or zero for a server's fresh cache)."""
+    nan = torch.full(buffer.shape, free_slot_value(), dtype=dtype, device=buffer.device)
     buffer.copy_(nan.view(buffer.dtype) if buffer.dtype != dtype else nan)
 
 

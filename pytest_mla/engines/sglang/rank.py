@@ -13,7 +13,6 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
-import math
 import os
 import threading
 import types
@@ -23,6 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from ...core.errors import AdapterError
+from ...kernels.inputs import free_slot_value
 from ..common import MODEL_CONFIGS
 from ..common.process_group import DcpGroup, torch_collectives_in_process
 from ..common.shared_scope import SharedScope
@@ -288,7 +288,7 @@ class RankSetup:
             self._notes.append("DCP group: SGLang's init_model_parallel_group over gloo")
             return sglang_group(collectives)
         self._scopes.enter_context(torch_collectives_in_process())
-        return DcpGroup(collectives, after=self.activate, name="pytest-mla:dcp", cpu_group="none")
+        return DcpGroup(collectives, after=self.activate, name="pytest-mla:dcp", cpu_group=False)
 
     def _pre_initialize_dcp_exchange(self) -> None:
         """What the model runner does before graph capture for ``--dcp-comm-backend fi_a2a`` (SGLang's
@@ -425,7 +425,7 @@ class RankSetup:
         index = getattr(pool, "index_k_with_scale_buffer", None)
         for buffer in index if isinstance(index, (list, tuple)) else ():
             if buffer.is_floating_point():
-                buffer.fill_(math.nan)
+                buffer.fill_(free_slot_value())
             else:
                 buffer.fill_(0xFF)
         layout = ("FP8 NoPE with per-128 scales and a bf16 RoPE tail" if getattr(pool, "dsa_kv_cache_store_fp8", False)

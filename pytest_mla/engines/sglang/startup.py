@@ -253,7 +253,6 @@ class Startup:
         self.runner_misses: set[str] = set()
         self._capability: tuple[int, int] | None = None
         self._class_modules: set[str] | None = None
-        self._import_failures: dict[str, str] = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.sg = _SGLang(version)
@@ -554,11 +553,9 @@ class Startup:
                 with contextlib.redirect_stdout(io.StringIO()):  # other platforms' modules print on import
                     importlib.import_module(name)
                 loaded.add(name)
-            except GpuStep as exc:
-                self._import_failures[name] = f"GpuStep: {exc.what}"
+            except GpuStep:
                 continue  # a module that needs a GPU to import: the factory importing it stops there
-            except Exception as exc:  # noqa: BLE001 - another platform's module (ROCm, NPU): not importable here
-                self._import_failures[name] = f"{type(exc).__name__}: {exc}"
+            except Exception:  # noqa: BLE001 - another platform's module (ROCm, NPU): not importable here
                 continue
         self._class_modules = loaded
 

@@ -8,7 +8,6 @@ the cache dtype and layout the backend reads.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from .model import loaded_kv_scale
@@ -51,11 +50,14 @@ def rank_slots(inputs: Any, block: int, rank: int, world: int, interleave: int) 
 
 
 def nan_cache(shape: tuple[int, ...], spec_dtype: Any, device: Any) -> Any:
-    """A cache of vLLM's storage dtype (bytes of the platform's fp8 format for fp8), every value NaN."""
+    """A cache of vLLM's storage dtype (bytes of the platform's fp8 format for fp8), every value the
+    free-slot value (``kernels.inputs.free_slot_value``: NaN, or zero for a server's fresh cache)."""
     import torch
 
+    from ...kernels.inputs import free_slot_value
+
     cache = torch.empty(shape, dtype=spec_dtype, device=device)
-    (cache.view(current_platform_fp8()) if spec_dtype == torch.uint8 else cache).fill_(math.nan)
+    (cache.view(current_platform_fp8()) if spec_dtype == torch.uint8 else cache).fill_(free_slot_value())
     return cache
 
 

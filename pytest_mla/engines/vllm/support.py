@@ -79,7 +79,7 @@ def prepare_process() -> Any:
         if engine is None:
             factory = _state.get("factory")
             if factory is None:
-                raise RuntimeError("vllm_backend: no engine in this process; run through pytest_mla.engines.vllm.adapter")
+                raise RuntimeError("pytest_mla.engines.vllm: no engine in this process; run through pytest_mla.engines.vllm.adapter")
             prepare_environment()
             engine = _state["engine"] = factory()
         return engine

@@ -45,7 +45,8 @@ def title_of(ctx: Context) -> str:
     kind = "MLA" if ctx.model.mla else "GQA"
     models = ", ".join(_model_names(ctx))
     what = (f"{facts.step} raises {facts.error} in {short_function(facts.function)}" if facts.kind == "raised"
-            else f"{facts.step} output out of tolerance in {short_function(facts.function)}")
+            else f"a NaN in a free KV slot reaches the {facts.step} output of {short_function(facts.function)}"
+            if facts.hardening else f"{facts.step} output out of tolerance in {short_function(facts.function)}")
     return f"[Bug] {' + '.join(parts)} on {kind} models ({models}): {what}"
 
 
@@ -85,7 +86,9 @@ def render_bug_report(ctx: Context, template: Template | None, *, script_name: s
     out = [f"# {title_of(ctx)}", ""]
     summary = (f"{engine} {version} accepts this configuration at start-up, then its own code fails when it "
                f"computes a {facts.step} step: " + (f"`{facts.error}` in `{facts.function}`." if facts.kind == "raised"
-                                                     else "the attention output is out of tolerance."))
+                                                     else "a NaN in a free KV-cache slot reaches the attention "
+                                                     "output (with the slots zero-filled it is right)."
+                                                     if facts.hardening else "the attention output is out of tolerance."))
     out += [summary, f"A server in this configuration meets it {phase.text}.", ""]
 
     out += ["## Environment", ""]

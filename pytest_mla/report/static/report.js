@@ -35,6 +35,10 @@
     view = {rows: DEFAULT_ROWS.slice(), cols: DEFAULT_COLS.slice(), off: {}, states: {}};
     var h = decodeURIComponent(location.hash.replace(/^#/, ""));
     if (!h) return;
+    // A docs page's link (#g=KEY) opens on the cells under its symbol.
+    if (h.indexOf("g=") === 0 && D.groups && Object.prototype.hasOwnProperty.call(D.groups, h.slice(2))) {
+      h = D.groups[h.slice(2)];
+    }
     h.split("&").forEach(function (kv) {
       var p = kv.split("="), k = p[0], vals = (p[1] || "").split(",").filter(Boolean);
       if (k === "cell") {
