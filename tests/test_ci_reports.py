@@ -40,11 +40,22 @@ def repo(tmp_path):
     return tmp_path
 
 
-def test_the_source_hash_follows_every_tracked_source_file_and_nothing_else(ci_reports, repo):
+def test_the_source_hash_follows_every_source_file_and_nothing_else(ci_reports, repo):
     before = ci_reports.source_hash(repo)
     assert len(before) == 64 and before == ci_reports.source_hash(repo)
     (repo / "docs" / "readme.md").write_text("other docs\n")  # not a source of any report
-    (repo / "pytest_mla" / "untracked.py").write_text("B = 2\n")  # not in git: a clean clone lacks it
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    (repo / "pytest_mla" / "__pycache__").mkdir()
+    (repo / "pytest_mla" / "__pycache__" / "a.pyc").write_bytes(b"\0")  # ignored: never a source
+    assert ci_reports.source_hash(repo) == before
+    # a new module not yet added is hashed: a run made before `git add` hashes as the commit that adds it
+    (repo / "pytest_mla" / "new.py").write_text("B = 2\n")
+    with_new = ci_reports.source_hash(repo)
+    assert with_new != before
+    _git(repo, "add", "pytest_mla/new.py")
+    assert ci_reports.source_hash(repo) == with_new
+    (repo / "pytest_mla" / "new.py").unlink()
+    _git(repo, "rm", "-q", "--cached", "pytest_mla/new.py")
     assert ci_reports.source_hash(repo) == before
     (repo / "pytest_mla" / "a.py").write_text("A = 2\n")
     changed = ci_reports.source_hash(repo)

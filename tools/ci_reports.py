@@ -39,11 +39,13 @@ SHOWN = 20
 
 
 def source_hash(root: Path = ROOT) -> str:
-    """sha256 over the path and content of every tracked file under ``SOURCES``, as the working tree has it."""
-    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", *SOURCES], check=True,
-                            capture_output=True).stdout.split(b"\0")
+    """sha256 over the path and content of every file under ``SOURCES`` that git tracks or would track (a new
+    module not yet added counts: a run made before ``git add`` must hash as the commit that adds it), as the
+    working tree has it."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                             "--", *SOURCES], check=True, capture_output=True).stdout.split(b"\0")
     digest = hashlib.sha256()
-    for name in sorted(n for n in listed if n):
+    for name in sorted({n for n in listed if n}):
         path = root / name.decode()
         if not path.is_file():  # deleted in the working tree, not yet in the index
             continue
