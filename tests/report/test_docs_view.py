@@ -310,3 +310,29 @@ def test_myst_and_commonmark_parse_every_table_row_whole(tmp_path):
         widths = {len(re.findall(r"<t[hd][ >]", r)) for r in rows}
         assert len(widths) == 1, widths
     assert html.count('<a href="r.html#g=') == 4 * 7  # four rows: their names and six entries each
+
+
+def test_engine_text_cannot_break_the_pages_tables_or_links():
+    """Backend names and refusal texts come from the engine: Markdown or HTML in them stays text, a pipe never
+    adds a column, a bracket never ends a link."""
+    doc = document()
+    hostile = {"TRITON_MLA": "x|y](javascript:alert(1))", "SPARSE_X": "<script>s</script>", "XPU_SPARSE": "`z`\n#h"}
+    for c in doc["cells"]:
+        c["coords"]["backend"] = hostile[c["coords"]["backend"]]
+        if c["outcome"].get("message"):
+            c["outcome"]["message"] = "no | way ](x) <b>"
+    doc["run"]["axes"] = dict(doc["run"]["axes"], backend=list(hostile.values()))
+    doc["run"]["engine"]["metadata"]["backend_facts"] = {
+        hostile[name]: facts for name, facts in doc["run"]["engine"]["metadata"]["backend_facts"].items()}
+    md = render_markdown(doc, view="docs", evidence="r.html")
+    assert "<script>" not in md and "<b>" not in md and "\n#h" not in md
+    for line in md.splitlines():
+        if line.startswith("|"):
+            unescaped = line.replace("\\|", "")
+            assert unescaped.count("|") == line.count("|") - line.count("\\|")
+    widths = {len(ln.replace("\\|", "").split("|")) for ln in md.splitlines() if ln.startswith("| ") and "archs" not in ln
+              and "dtypes" not in ln}
+    header = {len(ln.split("|")) for ln in md.splitlines() if ln.startswith("| backend | archs")}
+    assert widths <= header | {len(ln.split("|")) for ln in md.splitlines() if ln.startswith("| backend | KV")}
+    links = re.findall(r"(?<!\\)\]\(([^)]*)\)", md)  # an escaped bracket (\]) is text, not a link's end
+    assert links and all(target == "r.html" or target.startswith("r.html#") for target in links)
