@@ -167,7 +167,7 @@ def test_each_root_cause_is_listed_once_with_its_scope_and_findings():
 def test_the_declared_facts_come_from_the_engine_metadata():
     md = render_markdown(document(), view="docs")
     rows = table_after(md, "## What the engine declares", links=False)
-    assert rows[0] == ["backend", "KV dtypes", "block sizes"]
+    assert rows[0] == ["backend", "KV dtypes", "block sizes"]  # only the facts the engine declared
     assert rows[2:] == [["TRITON\\_MLA", "auto, fp8", "16, 64"], ["SPARSE\\_X", "auto, fp8", "16, 64"],
                         ["XPU\\_SPARSE", "auto", "16, 64"]]
 
@@ -265,6 +265,10 @@ def test_render_and_check_round_trip_with_the_default_evidence(tmp_path, capsys)
     assert main(["check", str(page), "--from", str(result)]) == 0
     page.write_text(text.replace("✅ sm90 sm100", "✅ sm90"), encoding="utf-8")
     assert main(["check", str(page), "--from", str(result)]) == 1
+    # a path with a space and parentheses: encoded in the links and in the banner, which `check` reads back
+    assert main(["render", str(result), "--view", "docs", "--evidence", "my report(1).html", "-o", str(page)]) == 0
+    assert "--evidence my%20report%281%29.html`" in page.read_text(encoding="utf-8")
+    assert main(["check", str(page), "--from", str(result)]) == 0
     assert main(["render", str(result), "--view", "docs", "--evidence", "none", "-o", str(page)]) == 0
     assert "](" not in page.read_text(encoding="utf-8").split("## Known")[0].split("Legend")[1]
     capsys.readouterr()
@@ -334,5 +338,7 @@ def test_engine_text_cannot_break_the_pages_tables_or_links():
               and "dtypes" not in ln}
     header = {len(ln.split("|")) for ln in md.splitlines() if ln.startswith("| backend | archs")}
     assert widths <= header | {len(ln.split("|")) for ln in md.splitlines() if ln.startswith("| backend | KV")}
+    spaced = render_markdown(doc, view="docs", evidence="my report(1).html")  # a path a renderer would cut short
+    assert "](my%20report%281%29.html#g=d0.0)" in spaced and "report(1)" not in spaced.split("Regenerate")[1]
     links = re.findall(r"(?<!\\)\]\(([^)]*)\)", md)  # an escaped bracket (\]) is text, not a link's end
     assert links and all(target == "r.html" or target.startswith("r.html#") for target in links)
