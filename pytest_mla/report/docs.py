@@ -160,6 +160,15 @@ class DocsView:
     plain: dict[str, Any]
     links: dict[str, dict[str, list[str]]]  # link key → axis → the values it shows
     facts: dict[str, Mapping[str, Any]]  # backend → what the engine declares for it (run.engine.metadata)
+    #: What the engine decides per device, as its adapter read it (``run.engine.metadata``; each may be absent):
+    #: ``backend_facts_arch`` (the arch ``facts`` answer for), ``backend_facts_by_arch``, ``backend_priorities``,
+    #: ``prefill_facts``, ``prefill_priorities`` (vLLM's: ``engines/vllm/adapter.VLLMEngine.decisions``).
+    decisions: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+#: The engine metadata keys a docs view carries as ``decisions``.
+DECISIONS = ("backend_facts_arch", "backend_facts_by_arch", "backend_priorities", "prefill_facts",
+             "prefill_priorities")
 
 
 def build_docs_view(model: ReportModel) -> DocsView:
@@ -168,6 +177,22 @@ def build_docs_view(model: ReportModel) -> DocsView:
     if cached is None:
         cached = model.cache["docs_view"] = _Builder(model).build()
     return cached
+
+
+def finding_causes(model: ReportModel) -> dict[int, RootCause]:
+    """The full report's finding number → its root cause (numbered as on the docs page)."""
+    return {n: cause for cause in build_docs_view(model).causes for n in cause.findings}
+
+
+def causes_line(model: ReportModel) -> str:
+    """``"49 findings from 17 root causes, over 310 cells"``: what the findings count, apart (empty without any)."""
+    findings = model.findings
+    if not findings:
+        return ""
+    causes = {c.number for c in finding_causes(model).values()}
+    cells = sum(len(f.records) for f in findings)
+    return (f"{len(findings)} finding{'s' if len(findings) != 1 else ''} from {len(causes)} root "
+            f"cause{'s' if len(causes) != 1 else ''}, over {cells} cell{'s' if cells != 1 else ''}")
 
 
 class _Builder:
@@ -182,6 +207,8 @@ class _Builder:
         self.facts: dict[str, Mapping[str, Any]] = {str(k): v for k, v in facts.items() if isinstance(v, Mapping)} \
             if isinstance(facts, Mapping) else {}
         self.home = _home_classes(self.facts)
+        self.decisions = {k: metadata[k] for k in DECISIONS
+                          if isinstance(metadata, Mapping) and isinstance(metadata.get(k), (Mapping, str))}
         #: ``id(cell)`` → its root cause's number, for every failed or known-bug cell, in matrix order.
         self.cause_of: dict[int, int] = {}
         for c in model.feature_cells:
@@ -228,7 +255,7 @@ class _Builder:
             out.append(DocsFamily(family, tuple(map(str, families[family])), tuple(tables), tuple(nowhere),
                                   everywhere))
         causes = sorted(self.causes.values(), key=lambda c: c.number)
-        return DocsView(out, causes, self.plain, self.links, self.facts)
+        return DocsView(out, causes, self.plain, self.links, self.facts, self.decisions)
 
     def _table(self, family: str, platform: str, archs: Sequence[Any],
                cells_of: Mapping[tuple[str, str, Any], list[Mapping[str, Any]]], key: str) -> DocsTable:

@@ -42,7 +42,8 @@ from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .findings import Finding, repro_command
 from .docs import build_docs_view
-from .markdown import FINDINGS_INTRO, VIEWS, render_command
+from .docs import causes_line, finding_causes
+from .markdown import FINDINGS_INTRO, ROOT_CAUSE_INTRO, VIEWS, render_command, root_cause_text
 
 #: The docs view is a Markdown page; the HTML report is what its symbols link to.
 HTML_VIEWS = tuple(v for v in VIEWS if v != "docs")
@@ -421,11 +422,15 @@ def findings_html(model: ReportModel) -> str:
     if not model.findings:
         return ""
     intro = esc(FINDINGS_INTRO).replace("`", "")
-    out = [f'<h2 id="findings">Findings</h2>\n<p class="columns">{intro}</p>\n<div class="findings">']
+    counts = f"<b>{esc(causes_line(model))}.</b> {esc(ROOT_CAUSE_INTRO)}"
+    out = [f'<h2 id="findings">Findings</h2>\n<p class="columns">{intro}</p>\n<p class="columns">{counts}</p>\n'
+           '<div class="findings">']
     axes = list(model.axes)
+    causes = finding_causes(model)
     for f in model.findings:
         facts = f.facts
-        rows = [("known bug" if f.xfail else "not declared", f.xfail or "no rule of the matrix declares it"),
+        rows = [("root cause", root_cause_text(causes[f.number], f.number))] if f.number in causes else []
+        rows += [("known bug" if f.xfail else "not declared", f.xfail or "no rule of the matrix declares it"),
                 ("raised" if facts.kind == "raised" else "out of tolerance", facts.statement),
                 ("in", (facts.function or "the engine's code") + (f" (level {facts.level})" if facts.level else ""))]
         if facts.frames:

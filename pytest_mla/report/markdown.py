@@ -33,7 +33,7 @@ from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import (CONSTRUCTION_STOPS, COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view,
                        build_probe_answers)
-from .docs import DocsEntry, DocsView, build_docs_view
+from .docs import DocsEntry, DocsView, build_docs_view, causes_line, finding_causes
 from .findings import repro_command
 from .model import (LEGEND, SYMBOLS, Notes, ReportModel, format_key, kernel_counts_text, power_counts, reason_line,
                     tier_line, verdict_counts)
@@ -170,6 +170,8 @@ def docs_page(model: ReportModel, *, source: str | None = None, evidence: str | 
         if family.refused:
             out += [f"Refused in every configuration: {md_text(', '.join(family.refused))}.", ""]
     out += _declared_section(view, [str(b) for b in model.feature_axes.get("backend", [])])
+    out += _priorities_section(view)
+    out += _prefill_section(view)
     out += _causes_section(view, model, evidence)
     return "\n".join(out).rstrip("\n") + "\n"
 
@@ -231,37 +233,189 @@ DECLARED_FLAGS = (("sparse", "sparse"), ("sink", "sink"), ("dcp", "DCP"), ("mm_p
 
 
 def _declared_section(view: DocsView, backends: Sequence[str]) -> list[str]:
-    """What the engine declares on each backend class (``run.engine.metadata.backend_facts``), for the
-    backends of the matrix, in its order."""
+    """What the engine declares on each backend class (``run.engine.metadata.backend_facts``): the backends of
+    the matrix in its order, then the others the engine registers; a row ``NAME on ARCH`` where the class
+    answers otherwise on another arch (``backend_facts_by_arch``: FlashAttention's version, FlashInfer's
+    TRT-LLM path)."""
     facts = view.facts
-    shown = [b for b in dict.fromkeys(backends) if isinstance(facts.get(b), Mapping)]
-    if not shown:
+    in_matrix = [b for b in dict.fromkeys(backends) if isinstance(facts.get(b), Mapping)]
+    others = [b for b in facts if b not in in_matrix and isinstance(facts.get(b), Mapping)]
+    if not in_matrix:
         return []
-    readable = [b for b in shown if not facts[b].get("error")]
+    readable = [b for b in in_matrix + others if not facts[b].get("error")]
     keys = [(k, title) for k, title in DECLARED if any(k in facts[b] for b in readable)]
     flags = [(k, word) for k, word in DECLARED_FLAGS if any(k in facts[b] for b in readable)]
-    out = ["## What the engine declares", "",
-           "Read at run time from each backend's class, as the engine's own docs table is (nothing executed); "
-           "features: the ones the class says it supports.", ""]
-    if readable:
-        titles = [title for _, title in keys] + (["features"] if flags else [])
-        out.append("| backend | " + " | ".join(titles) + " |")
-        out.append("|" + "---|" * (len(titles) + 1))
-        for b in readable:
-            entry = facts[b]
-            cells = [md_text(b)] + [md_text(_fact(entry.get(k))) for k, _ in keys]
-            if flags:
-                said = [word for k, word in flags if entry.get(k) is True]
-                unread = [word for k, word in flags if isinstance(entry.get(k), Mapping)]
-                cells.append(md_text(", ".join(said + [f"{w}: not readable" for w in unread]) or "—"))
-            out.append("| " + " | ".join(cells) + " |")
-        out.append("")
-    errors = [b for b in shown if b not in readable]
+    arch = view.decisions.get("backend_facts_arch")
+    intro = ("Read at run time from each backend's class, as the engine's own docs table is (nothing executed); "
+             "features: the ones the class says it supports.")
+    if isinstance(arch, str):
+        intro += (f" The classes answered for a {md_text(arch)} device; a row \"NAME on ARCH\" gives their "
+                  "answers where they differ on another arch.")
+    out = ["## What the engine declares", "", intro, ""]
+    out += _declared_table(view, [b for b in in_matrix if b in readable], keys, flags)
+    rest = [b for b in others if b in readable]
+    if rest:
+        out += ["The other backends the engine registers (not in this matrix):", ""]
+        out += _declared_table(view, rest, keys, flags)
+    errors = [b for b in in_matrix + others if b not in readable]
     if errors:
         out.append("Not readable here: " + "; ".join(f"{md_text(b)} ({md_text(_short(str(facts[b]['error']), 120))})"
                                                       for b in errors) + ".")
         out.append("")
     return out
+
+
+def _declared_table(view: DocsView, names: Sequence[str], keys: Sequence[tuple[str, str]],
+                    flags: Sequence[tuple[str, str]]) -> list[str]:
+    if not names:
+        return []
+    facts = view.facts
+    by_arch = view.decisions.get("backend_facts_by_arch")
+    by_arch = by_arch if isinstance(by_arch, Mapping) else {}
+    shown_keys = {k for k, _ in keys} | {k for k, _ in flags}
+    titles = [title for _, title in keys] + (["features"] if flags else [])
+    out = ["| backend | " + " | ".join(titles) + " |", "|" + "---|" * (len(titles) + 1)]
+
+    def row(label: str, entry: Mapping[str, Any]) -> str:
+        cells = [md_text(label)] + [md_text(_fact(entry.get(k))) for k, _ in keys]
+        if flags:
+            said = [word for k, word in flags if entry.get(k) is True]
+            unread = [word for k, word in flags if isinstance(entry.get(k), Mapping)]
+            cells.append(md_text(", ".join(said + [f"{w}: not readable" for w in unread]) or "—"))
+        return "| " + " | ".join(cells) + " |"
+
+    for b in names:
+        out.append(row(b, facts[b]))
+        archs_of: dict[str, list[str]] = {}  # one row per distinct answer, naming every arch that gives it
+        answers: dict[str, Mapping[str, Any]] = {}
+        for other, differing in by_arch.items():
+            changed = differing.get(b) if isinstance(differing, Mapping) else None
+            if isinstance(changed, Mapping) and shown_keys & set(changed):
+                merged = {**facts[b], **changed}
+                key = repr(sorted((k, repr(v)) for k, v in merged.items() if k in shown_keys))
+                archs_of.setdefault(key, []).append(str(other))
+                answers[key] = merged
+        for key, archs in archs_of.items():
+            out.append(row(f"{b} on {', '.join(archs)}", answers[key]))
+    return out + [""]
+
+
+def _priorities_section(view: DocsView) -> list[str]:
+    """The orders the engine tries backends in when none is asked for, per CUDA arch
+    (``run.engine.metadata.backend_priorities``)."""
+    orders = view.decisions.get("backend_priorities")
+    if not isinstance(orders, Mapping) or not orders:
+        return []
+    out = ["## Which backend is taken when none is asked for (CUDA)", "",
+           "The engine tries these in order and takes the first that accepts the configuration (the model's "
+           "heads, head size, KV dtype, ...); read from its CUDA platform's priority function on each arch. "
+           "\"with X\": the order where the configuration has X.", ""]
+    for arch, entry in orders.items():
+        out.append(f"- **{md_text(arch)}**")
+        if not isinstance(entry, Mapping) or "error" in entry:
+            out.append(f"  - not readable: {md_text(_short(str((entry or {}).get('error', entry)), 160))}")
+            continue
+        for kind, title in (("mla", "MLA"), ("standard", "standard attention")):
+            part = entry.get(kind)
+            if not isinstance(part, Mapping):
+                continue
+            if "error" in part:
+                out.append(f"  - {title}: not readable ({md_text(_short(str(part['error']), 160))})")
+                continue
+            out.append(f"  - {title}: {_order(part.get('order'))}")
+            for variant in part.get("when") or []:
+                args = ", ".join(f"{k}={v}" for k, v in (variant.get("args") or {}).items())
+                said = (_order(variant.get("order")) if "order" in variant
+                        else f"not readable ({md_text(_short(str(variant.get('error')), 160))})")
+                out.append(f"  - {title} with {md_text(args)}: {said}")
+    out.append("")
+    return out
+
+
+def _prefill_section(view: DocsView) -> list[str]:
+    """The engine's MLA prefill backends: what each class declares, the order each CUDA arch tries them in
+    per model dims, and the dims no backend tried on an arch takes (``prefill_facts``, ``prefill_priorities``)."""
+    facts = view.decisions.get("prefill_facts")
+    if not isinstance(facts, Mapping) or not facts:
+        return []
+    out = ["## MLA prefill backends", "",
+           "A prefill (and the context chunks of a long request) runs on a separate backend, which the engine "
+           "picks itself. Read from each class: which model dims (qk_nope/qk_rope/v head dims) it takes, of "
+           "those asked about (the MLA families' checkpoints' and any a class lists); \"any\": all of them and "
+           "dims it lists nowhere.", ""]
+    if "error" in facts:
+        return out + [f"Not readable here: {md_text(_short(str(facts['error']), 160))}.", ""]
+    readable = {k: v for k, v in facts.items() if isinstance(v, Mapping) and "error" not in v}
+    if readable:
+        out += ["| prefill backend | dtypes | model dims | compute capability |", "|---|---|---|---|"]
+        for name, entry in readable.items():
+            out.append("| " + " | ".join(md_text(x) for x in (
+                name, _fact(entry.get("dtypes")), _fact(entry.get("mla_dimensions")),
+                _fact(entry.get("compute_capability")))) + " |")
+        out.append("")
+    unread = [k for k in facts if k not in readable]
+    if unread:
+        out += ["Not readable here: " + "; ".join(
+            f"{md_text(k)} ({md_text(_short(str((facts[k] or {}).get('error')), 120))})" for k in unread) + ".", ""]
+    orders = view.decisions.get("prefill_priorities")
+    if isinstance(orders, Mapping) and orders:
+        out += ["Order tried on CUDA, per model dims:", ""]
+        for arch, groups in orders.items():
+            if not isinstance(groups, list):
+                out.append(f"- **{md_text(arch)}**: not readable "
+                           f"({md_text(_short(str((groups or {}).get('error', groups)), 160))})")
+                continue
+            parts = [f"{md_text(', '.join(map(str, g.get('dims') or [])))}: {_order(g.get('order'))}"
+                     for g in groups if isinstance(g, Mapping)]
+            out.append(f"- **{md_text(arch)}**: " + "; ".join(parts))
+        out.append("")
+        untaken = _dims_nobody_takes(readable, orders)
+        for dims, archs in untaken.items():
+            out += [f"No prefill backend tried on {md_text(_join_and(archs))} declares the model dims "
+                    f"{md_text(dims)}.", ""]
+    return out
+
+
+def _dims_nobody_takes(facts: Mapping[str, Mapping[str, Any]],
+                       orders: Mapping[str, Any]) -> dict[str, list[str]]:
+    """dims label → the archs where no backend of the order tried for those dims declares both the dims and the
+    arch's compute capability (``"other"``, the dims of a model that declares none, left out)."""
+    out: dict[str, list[str]] = {}
+    for arch, groups in orders.items():
+        capability = _capability_word(str(arch))
+        if capability is None or not isinstance(groups, list):
+            continue
+        for group in groups:
+            if not isinstance(group, Mapping):
+                continue
+            for dims in group.get("dims") or []:
+                if dims == "other":
+                    continue
+                takers = [name for name in group.get("order") or [] if _takes(facts.get(name), dims, capability)]
+                if not takers:
+                    out.setdefault(str(dims), []).append(str(arch))
+    return out
+
+
+def _takes(entry: Mapping[str, Any] | None, dims: str, capability: str) -> bool:
+    if not isinstance(entry, Mapping):
+        return False
+    taken, caps = entry.get("mla_dimensions"), entry.get("compute_capabilities")
+    return (taken == "any" or (isinstance(taken, list) and dims in taken)) and \
+        isinstance(caps, list) and capability in caps
+
+
+def _capability_word(arch: str) -> str | None:
+    """``sm100`` → ``"10.0"``; None for an arch that is not a CUDA ``smNN``."""
+    digits = arch[2:] if arch.startswith("sm") else ""
+    if not digits.isdigit():
+        return None
+    number = int(digits)
+    return f"{number // 10}.{number % 10}"
+
+
+def _order(names: Any) -> str:
+    return " → ".join(md_text(n) for n in names) if isinstance(names, list) and names else "—"
 
 
 def _fact(value: Any) -> str:
@@ -406,6 +560,16 @@ FINDINGS_INTRO = ("Configurations the engine accepted whose own code then failed
                   "--report bug.md` writes a standalone reproducer (the engine's own objects, no pytest-mla) and a "
                   "bug report for any of them.")
 
+#: After the counts line of the findings: what a root cause is.
+ROOT_CAUSE_INTRO = ("Findings that differ only by step (decode, verify), by the method of one class or by numbers "
+                    "in the message share a root cause; the docs page lists each root cause once.")
+
+
+def root_cause_text(cause: Any, number: int) -> str:
+    """``"3: raises ValueError in FlashMLAImpl (also F4, F5)"``: a finding's root cause, naming the others of it."""
+    others = [f"F{n}" for n in cause.findings if n != number]
+    return f"{cause.number}: {cause.title}" + (f" (also {', '.join(others)})" if others else "")
+
 
 def findings_section(model: ReportModel, level: int = 2) -> list[str]:
     """``## Findings``: each distinct finding once (``findings.py``), with the cells it covers."""
@@ -413,12 +577,15 @@ def findings_section(model: ReportModel, level: int = 2) -> list[str]:
     if not findings:
         return []
     h = "#" * level
-    out = [f"{h} Findings", "", FINDINGS_INTRO, ""]
+    out = [f"{h} Findings", "", FINDINGS_INTRO, "", f"**{md_text(causes_line(model))}.** {ROOT_CAUSE_INTRO}", ""]
     axes = [a for a in model.axes]
+    causes = finding_causes(model)
     for f in findings:
         facts = f.facts
         out.append(f"{h}# {f.label}. {md_text(facts.title)}")
         out.append("")
+        if f.number in causes:
+            out.append(f"- **root cause** {md_text(root_cause_text(causes[f.number], f.number))}")
         verdicts = ", ".join(f"{n} {v}" for v, n in f.verdicts.items())
         if f.xfail:
             out.append(f"- **known bug** ({md_text(verdicts)}): {md_text(f.xfail)}")

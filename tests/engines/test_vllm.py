@@ -317,6 +317,25 @@ FACTS_SCRIPT = textwrap.dedent("""
     out["faulted"] = engine.metadata()["backend_facts"]
     sys.modules["vllm.v1.attention.backends.mla.flashmla"] = None  # its module cannot be imported any more
     out["unimportable"] = engine.metadata()["backend_facts"]
+    # faults in what the CUDA platform decides: its priority function, a prefill class, its prefill order
+    import vllm.platforms.cuda as cuda_platform
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as B
+    from vllm.v1.attention.backends.mla.prefill.base import MLADimensions
+    from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum as P
+    from vllm.v1.attention.backends.mla.prefill.trtllm_ragged import TrtllmRaggedPrefillBackend
+    cuda_platform._get_backend_priorities = lambda use_mla, capability, **kw: (
+        [B.TRITON_MLA] if use_mla else [B.FLEX_ATTENTION])
+    TrtllmRaggedPrefillBackend.supported_mla_dimensions = [
+        MLADimensions(qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=128)]
+    def prefill_order(cls, config):
+        for member in (P.TOKENSPEED_MLA, P.FLASH_ATTN):
+            if not member.get_class().validate_configuration(None, config):
+                return member.get_class()
+        raise ValueError("none")
+    Platform.get_mla_prefill_backend_cls = classmethod(prefill_order)
+    out["decisions_faulted"] = engine.metadata()
+    out["prefill_class_after"] = P.FLASH_ATTN.get_class().__name__
     print(json.dumps(out))
 """)
 
@@ -395,6 +414,60 @@ def test_a_backend_class_that_does_not_import_is_an_error_entry(facts_run):
                                           "halted; None in sys.modules"}
     assert facts["TRITON_MLA"]["class"] == clean["TRITON_MLA"]["class"]  # the others are still read
     assert facts["FLASHMLA_SPARSE"] == facts_run["faulted"]["FLASHMLA_SPARSE"]
+
+
+def test_what_vllms_cuda_platform_decides_is_read_from_its_code(facts_run):
+    """Literals read in vLLM 0.34.0's source: platforms/cuda.py ``_get_backend_priorities``, platforms/interface.py
+    ``get_mla_prefill_backend_cls``, mla/prefill/{flash_attn,trtllm_ragged,flashinfer}.py, fa_utils.py
+    (``flash_attn_supports_kv_cache_dtype``: fp8 KV only with FA3 on sm90 or FA4 on sm100)."""
+    metadata = facts_run["clean"]
+    orders = metadata["backend_priorities"]
+    assert list(orders) == ["sm80", "sm90", "sm100", "sm120"]
+    dense_tail = ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"]
+    assert orders["sm90"]["mla"] == {
+        "order": dense_tail + ["FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90"],
+        "when": [{"args": {"head_size": 512},
+                  "order": dense_tail + ["FLASHINFER_MLA_SPARSE_SM90", "FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE"]}]}
+    blackwell = ["FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"]
+    assert orders["sm100"]["mla"] == {
+        "order": blackwell + ["FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"],
+        "when": [{"args": {"kv_cache_dtype": "fp8"}, "order": blackwell + ["FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"]},
+                 {"args": {"num_heads": 16},
+                  "order": blackwell + ["FLASH_ATTN_MLA_SPARSE_FA4", "FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"]}]}
+    assert orders["sm120"]["mla"] == {"order": ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"], "when": []}
+    assert orders["sm100"]["standard"]["order"] == ["FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION",
+                                                    "TURBOQUANT"]
+    prefill = metadata["prefill_facts"]
+    assert prefill["TRTLLM_RAGGED"]["mla_dimensions"] == ["128/64/128", "192/64/256"]
+    assert prefill["TRTLLM_RAGGED"]["compute_capability"] == "10.x"
+    # FLASH_ATTN overrides supports_mla_dimensions (its ClassVar lists none): the method is what is asked
+    assert prefill["FLASH_ATTN"]["mla_dimensions"] == ["64/64/128", "128/64/128", "192/64/256"]
+    assert prefill["CPU"]["mla_dimensions"] == "any"
+    assert "error" in prefill["CUSTOM"]
+    every = ["64/32/64", "64/64/128", "128/64/128", "192/64/256", "other"]
+    assert metadata["prefill_priorities"]["sm90"] == [{"dims": every, "order": ["FLASH_ATTN"]}]
+    assert metadata["prefill_priorities"]["sm100"] == [
+        {"dims": ["64/32/64", "64/64/128", "128/64/128", "other"],
+         "order": ["FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"]},
+        {"dims": ["192/64/256"], "order": ["TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"]}]
+    by_arch = metadata["backend_facts_by_arch"]
+    assert "sm90" not in by_arch  # the arch backend_facts answer for
+    assert by_arch["sm80"]["FLASH_ATTN"] == {"kv_cache_dtypes": ["auto", "float16", "bfloat16"], "mm_prefix": False,
+                                             "sink": False}  # FlashAttention 2
+    assert "FLASH_ATTN" not in by_arch["sm100"]  # FlashAttention 4: fp8 KV as FA3 on sm90
+    assert "TRITON_MLA" not in by_arch["sm80"]
+
+
+def test_what_the_platform_decides_follows_faults_planted_in_vllm(facts_run):
+    faulted = facts_run["decisions_faulted"]
+    for arch in ("sm80", "sm90", "sm100", "sm120"):
+        assert faulted["backend_priorities"][arch] == {"mla": {"order": ["TRITON_MLA"], "when": []},
+                                                       "standard": {"order": ["FLEX_ATTENTION"], "when": []}}
+        groups = faulted["prefill_priorities"][arch]
+        assert [g["order"] for g in groups] == [["TOKENSPEED_MLA", "FLASH_ATTN"]]
+    assert faulted["prefill_facts"]["TRTLLM_RAGGED"]["mla_dimensions"] == ["64/64/128"]
+    # the probe that reads the prefill order leaves vLLM's enum as it was
+    assert facts_run["prefill_class_after"] == "FlashAttnPrefillBackend"
 
 
 # -- the adapter's own failures, with a fake engine -------------------------------------------

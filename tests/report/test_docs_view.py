@@ -342,3 +342,101 @@ def test_engine_text_cannot_break_the_pages_tables_or_links():
     assert "](my%20report%281%29.html#g=d0.0)" in spaced and "report(1)" not in spaced.split("Regenerate")[1]
     links = re.findall(r"(?<!\\)\]\(([^)]*)\)", md)  # an escaped bracket (\]) is text, not a link's end
     assert links and all(target == "r.html" or target.startswith("r.html#") for target in links)
+
+
+def with_decisions(doc: dict) -> dict:
+    """The hand-made engine, with what its CUDA platform decides per arch (the shape vLLM's adapter records)."""
+    metadata = doc["run"]["engine"]["metadata"]
+    metadata["backend_facts"]["OTHER_ATTN"] = {"class": "eng.other:OtherBackend", "kv_cache_dtypes": ["auto"],
+                                               "block_sizes": [32]}
+    metadata["backend_facts_arch"] = "sm90"
+    metadata["backend_facts_by_arch"] = {
+        "sm80": {"TRITON_MLA": {"kv_cache_dtypes": ["auto"]}},
+        "sm100": {"TRITON_MLA": {"kv_cache_dtypes": ["auto"]}, "SPARSE_X": {"cudagraph": "NEVER"},
+                  "OTHER_ATTN": {"block_sizes": [64]}},
+    }
+    metadata["backend_priorities"] = {
+        "sm90": {"mla": {"order": ["TRITON_MLA", "SPARSE_X"],
+                         "when": [{"args": {"num_heads": 16}, "order": ["SPARSE_X", "TRITON_MLA"]}]},
+                 "standard": {"error": "RuntimeError: no order"}},
+        "sm100": {"error": "ImportError: y|z](x)"},
+    }
+    metadata["prefill_facts"] = {
+        "P1": {"dtypes": ["bf16"], "mla_dimensions": ["128/64/128"], "compute_capabilities": ["9.0"],
+               "compute_capability": "9.x"},
+        "P2": {"dtypes": ["fp16", "bf16"], "mla_dimensions": "any", "compute_capabilities": ["10.0"],
+               "compute_capability": "10.x"},
+        "BAD": {"error": "ValueError: must be registered"},
+    }
+    metadata["prefill_priorities"] = {
+        "sm90": [{"dims": ["128/64/128", "64/32/64", "other"], "order": ["P1", "P2"]}],
+        "sm100": [{"dims": ["128/64/128"], "order": ["P2"]}, {"dims": ["64/32/64"], "order": ["P2", "P1"]}],
+    }
+    return doc
+
+
+def test_the_declared_facts_name_the_arch_they_answer_for_and_where_they_differ():
+    md = render_markdown(with_decisions(document()), view="docs")
+    section = md.split("## What the engine declares")[1].split("\n## ")[0]
+    assert "answered for a sm90 device" in section
+    rows = table_after(md, "## What the engine declares", links=False)
+    # one row per distinct answer on another arch, naming every arch that gives it; a difference in a fact
+    # the table does not show (SPARSE_X's CUDA graphs) adds no row
+    assert rows[2:] == [["TRITON\\_MLA", "auto, fp8", "16, 64"], ["TRITON\\_MLA on sm80, sm100", "auto", "16, 64"],
+                        ["SPARSE\\_X", "auto, fp8", "16, 64"], ["XPU\\_SPARSE", "auto", "16, 64"]]
+    others = table_after(md, "The other backends the engine registers (not in this matrix):", links=False)
+    assert others[2:] == [["OTHER\\_ATTN", "auto", "32"], ["OTHER\\_ATTN on sm100", "auto", "64"]]
+
+
+def test_the_default_orders_are_listed_per_arch_with_their_variants_and_errors():
+    md = render_markdown(with_decisions(document()), view="docs")
+    section = md.split("## Which backend is taken when none is asked for (CUDA)\n")[1].split("\n## ")[0]
+    bullets = [ln for ln in section.splitlines() if ln.lstrip().startswith("- ")]
+    assert bullets == [
+        "- **sm90**",
+        "  - MLA: TRITON\\_MLA → SPARSE\\_X",
+        "  - MLA with num\\_heads=16: SPARSE\\_X → TRITON\\_MLA",
+        "  - standard attention: not readable (RuntimeError: no order)",
+        "- **sm100**",
+        "  - not readable: ImportError: y\\|z\\](x)",
+    ]
+
+
+def test_the_prefill_backends_their_orders_and_the_dims_none_of_them_takes():
+    md = render_markdown(with_decisions(document()), view="docs")
+    rows = table_after(md, "## MLA prefill backends", links=False)
+    assert rows[0] == ["prefill backend", "dtypes", "model dims", "compute capability"]
+    assert rows[2:] == [["P1", "bf16", "128/64/128", "9.x"], ["P2", "fp16, bf16", "any", "10.x"]]
+    section = md.split("## MLA prefill backends")[1].split("\n## ")[0]
+    assert "Not readable here: BAD (ValueError: must be registered)." in section
+    assert "- **sm90**: 128/64/128, 64/32/64, other: P1 → P2" in section
+    assert "- **sm100**: 128/64/128: P2; 64/32/64: P2 → P1" in section
+    # sm90: P1 takes 128/64/128 (9.0), P2 takes any dims but only on 10.0; 'other' is no model's dims.
+    # sm100: P2 takes every dims there.
+    assert [ln for ln in section.splitlines() if ln.startswith("No prefill")] == [
+        "No prefill backend tried on sm90 declares the model dims 64/32/64."]
+
+
+def test_without_the_platforms_decisions_their_sections_are_left_out():
+    md = render_markdown(document(), view="docs")
+    assert "## Which backend is taken" not in md and "## MLA prefill backends" not in md
+    assert "answered for a" not in md and "The other backends" not in md
+
+
+def test_the_full_reports_count_findings_root_causes_and_cells_apart(tmp_path):
+    """F1/F2 (decode and verify of the TRITON_MLA wrong answer, 1 cell each) are root cause 1; F3/F4 (the rerouted
+    XPU sparse backend's fp8 raise, decode and verify) are root cause 2, over 12 cells (see the page's causes)."""
+    doc = document()
+    md = render_markdown(doc)
+    assert "**4 findings from 2 root causes, over 14 cells.**" in md
+    lines = [ln for ln in md.split("## Findings")[1].splitlines() if ln.startswith("- **root cause**")]
+    assert lines == [
+        "- **root cause** 1: out of tolerance in TritonImpl.forward (also F2)",
+        "- **root cause** 1: out of tolerance in TritonImpl.forward (also F1)",
+        "- **root cause** 2: raises NotImplementedError in XPUSparseImpl.forward\\_mqa (also F4)",
+        "- **root cause** 2: raises NotImplementedError in XPUSparseImpl.forward\\_mqa (also F3)",
+    ]
+    html = render_html(doc)
+    assert "<b>4 findings from 2 root causes, over 14 cells.</b>" in html
+    assert html.count("<dt>root cause</dt>") == 4
+    assert "<dd>2: raises NotImplementedError in XPUSparseImpl.forward_mqa (also F3)</dd>" in html

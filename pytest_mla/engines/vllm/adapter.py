@@ -166,6 +166,7 @@ class VLLMEngine(Engine):
             "setup_error": str(self._setup_error) if self._setup_error else None,
             "backend_facts_arch": FACTS_ARCH.get(self.platform),
             "backend_facts": self.backend_facts(),
+            **self.decisions(),
         }
 
     def backend_facts(self) -> dict[str, dict[str, Any]]:
@@ -179,6 +180,67 @@ class VLLMEngine(Engine):
         platforms = self.vllm.platforms
         with _quiet.quiet(), (platforms.visiting(arch) if arch else contextlib.nullcontext()):
             return backends.backend_facts(self.vllm.enum, platforms._capability)
+
+    def decisions(self) -> dict[str, Any]:
+        """What vLLM's CUDA platform decides per device, read from its code on each of ``backends.FACT_ARCHS``:
+
+        - ``backend_facts_by_arch``: arch → backend → the facts that differ there from ``backend_facts``;
+        - ``backend_priorities``: arch → the orders it tries backends in when none is asked for
+          (``backends.backend_priorities``);
+        - ``prefill_facts``: what each MLA prefill backend class declares (``backends.prefill_facts``);
+        - ``prefill_priorities``: arch → the order it tries MLA prefill backends in, per model dims.
+
+        Empty on another platform (its process answers for no CUDA device) and when the setup failed; a read
+        that raises is that entry's ``{"error": ...}``.
+        """
+        if self._setup_error is not None or self.platform != "cuda":
+            return {}
+        platforms = self.vllm.platforms
+        base = self.backend_facts()
+        by_arch: dict[str, Any] = {}
+        orders: dict[str, Any] = {}
+        prefill_orders: dict[str, Any] = {}
+        with _quiet.quiet():
+            prefill = _prefill_modules()
+            dims: list[tuple[int, int, int]] = []
+            if isinstance(prefill, str):
+                prefill_facts: dict[str, Any] = {"error": prefill}
+            else:
+                dims = backends.prefill_dims(prefill[0])
+                prefill_facts = backends.prefill_facts(prefill[0], platforms._capability, dims, prefill[2])
+            for arch in backends.FACT_ARCHS:
+                with platforms.visiting(arch):
+                    if arch != FACTS_ARCH["cuda"]:
+                        by_arch[arch] = backends.facts_differing(
+                            base, backends.backend_facts(self.vllm.enum, platforms._capability))
+                    capability = platforms.instance.get_device_capability()
+                    try:
+                        from vllm.platforms.cuda import _get_backend_priorities  # type: ignore[import-not-found]
+                    except Exception as exc:
+                        orders[arch] = {"error": backends.error_text(exc)}
+                    else:
+                        orders[arch] = backends.backend_priorities(_get_backend_priorities, capability)
+                    if isinstance(prefill, str):
+                        prefill_orders[arch] = {"error": prefill}
+                    else:
+                        prefill_orders[arch] = backends.prefill_orders(platforms.instance, *prefill, dims)
+        return {"backend_facts_by_arch": by_arch, "backend_priorities": orders,
+                "prefill_facts": prefill_facts, "prefill_priorities": prefill_orders}
+
+
+def _prefill_modules() -> tuple[Any, Any, type] | str:
+    """vLLM's ``MLAPrefillBackendEnum``, ``MLAPrefillSelectorConfig`` and ``MLADimensions``, or why not (one line)."""
+    try:
+        from vllm.v1.attention.backends.mla.prefill.base import MLADimensions  # type: ignore[import-not-found]
+        from vllm.v1.attention.backends.mla.prefill.registry import (  # type: ignore[import-not-found]
+            MLAPrefillBackendEnum,
+        )
+        from vllm.v1.attention.backends.mla.prefill.selector import (  # type: ignore[import-not-found]
+            MLAPrefillSelectorConfig,
+        )
+    except Exception as exc:  # a release without the prefill registry
+        return backends.error_text(exc)
+    return MLAPrefillBackendEnum, MLAPrefillSelectorConfig, MLADimensions
 
 
 def _source_is_mla(path: str, depth: int = 0) -> bool:

@@ -385,3 +385,182 @@ def _cudagraph(cls: type) -> tuple[str, bool]:
     owner = next(k for k in builder.__mro__ if "get_cudagraph_support" in vars(k))
     base = next((k for k in reversed(builder.__mro__) if "get_cudagraph_support" in vars(k)), owner)
     return str(getattr(support, "name", support)), owner is not base
+
+
+# -- what vLLM decides without being asked: its CUDA priority orders and its MLA prefill backends ------------------
+
+#: The CUDA archs whose answers ``VLLMEngine.metadata()`` records beside ``backend_facts``: a few facts change with
+#: the device (FlashAttention 2/3/4, FlashInfer's TRT-LLM path), and so do the priority orders.
+FACT_ARCHS = ("sm80", "sm90", "sm100", "sm120")
+#: Arguments of ``_get_backend_priorities`` besides ``use_mla`` and the capability, each tried alone: an order that
+#: differs from the order without it is recorded under ``when`` (a server passes the model's values).
+PRIORITY_VARIANTS: dict[str, tuple[dict[str, Any], ...]] = {
+    "mla": ({"kv_cache_dtype": "fp8"}, {"num_heads": 16}, {"num_heads": 128}, {"head_size": 512}),
+    "standard": ({"use_mm_prefix": True}, {"use_non_causal": True}),
+}
+#: The dims ``MLAPrefillSelectorConfig`` holds when a model declares none: the orders record it as "other dims".
+OTHER_DIMS = (0, 0, 0)
+#: ``(qk_nope_head_dim, qk_rope_head_dim, v_head_dim)`` of the MLA families served in 2026, from their checkpoints'
+#: ``config.json`` (as transformers 5.24 ships them): MiniCPM3; Mistral Small 4 and Large 3; DeepSeek-V2/V3/V3.2
+#: and Kimi-K2; GLM-4.7-Flash and GLM-5. The prefill facts say which of them each prefill backend takes.
+SERVED_MLA_DIMS = ((64, 32, 64), (64, 64, 128), (128, 64, 128), (192, 64, 256))
+
+
+def facts_differing(base: Mapping[str, Mapping[str, Any]],
+                    other: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """backend → the facts of ``other`` that differ from ``base`` (the answers of one device beside another's)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, facts in other.items():
+        mine = base.get(name) or {}
+        changed = {k: v for k, v in facts.items() if mine.get(k) != v}
+        if changed:
+            out[name] = changed
+    return out
+
+
+def backend_priorities(function: Callable[..., Any], capability: Any) -> dict[str, Any]:
+    """The orders in which vLLM's CUDA platform tries backends when none is asked for, on ``capability``:
+    ``{"mla": {"order": [...], "when": [{"args": {...}, "order": [...]}]}, "standard": {...}}``, from the
+    platform's own ``_get_backend_priorities`` (``function``). A variant of ``PRIORITY_VARIANTS`` is recorded only
+    where its order differs; one the function does not take is left out; one that raises is its ``error``."""
+    import inspect
+
+    try:
+        params = set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    out: dict[str, Any] = {}
+    for kind, use_mla in (("mla", True), ("standard", False)):
+        try:
+            order = _member_names(function(use_mla, capability))
+        except Exception as exc:
+            out[kind] = {"error": error_text(exc)}
+            continue
+        when: list[dict[str, Any]] = []
+        for args in PRIORITY_VARIANTS[kind]:
+            if not set(args) <= params:
+                continue
+            try:
+                other = _member_names(function(use_mla, capability, **args))
+            except Exception as exc:
+                when.append({"args": dict(args), "error": error_text(exc)})
+                continue
+            if other != order:
+                when.append({"args": dict(args), "order": other})
+        out[kind] = {"order": order, "when": when}
+    return out
+
+
+def prefill_facts(enum: Any, capability_cls: type, dims: list[tuple[int, int, int]],
+                  dims_cls: type) -> dict[str, dict[str, Any]]:
+    """Every member of vLLM's ``MLAPrefillBackendEnum`` → what its class declares: name, dtypes, which of ``dims``
+    (``(nope, rope, v)``) its ``supports_mla_dimensions`` takes (``"any"``: every one, ``OTHER_DIMS`` included),
+    and the compute capabilities it accepts. A member whose class cannot be had is ``{"error": ...}``, a fact
+    whose method raises that fact's ``error``."""
+    facts: dict[str, dict[str, Any]] = {}
+    for member in enum:
+        try:
+            cls = member.get_class()
+        except Exception as exc:  # the CUSTOM placeholder, a module this host cannot import
+            facts[member.name] = {"error": error_text(exc)}
+            continue
+        readers: dict[str, Callable[[], Any]] = {
+            "class": lambda: f"{cls.__module__}:{cls.__qualname__}",
+            "name": lambda: str(cls.get_name()),
+            "dtypes": lambda: [_dtype_word(d) for d in cls.supported_dtypes],
+            "mla_dimensions": lambda: _mla_dimensions(cls, dims, dims_cls),
+            "compute_capabilities": lambda: _capabilities(cls, capability_cls),
+            "compute_capability": lambda: capability_range(_capabilities(cls, capability_cls)),
+        }
+        entry: dict[str, Any] = {}
+        for key in sorted(readers):
+            try:
+                entry[key] = readers[key]()
+            except Exception as exc:
+                entry[key] = {"error": error_text(exc)}
+        facts[member.name] = entry
+    return dict(sorted(facts.items()))
+
+
+def prefill_orders(platform: Any, enum: Any, selector_config: Callable[..., Any], dims_cls: type,
+                   dims: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """The order in which ``platform.get_mla_prefill_backend_cls`` tries MLA prefill backends for each of ``dims``
+    (``(nope, rope, v)``), grouped where orders agree: ``[{"dims": ["192/64/256"], "order": [...]}, ...]``
+    (``OTHER_DIMS`` is ``"other"``).
+
+    The order is the platform's own code's: each backend it asks the enum for is recorded and answers "not
+    valid here", so the platform goes on to the next until none is left (its ``ValueError`` is expected).
+    """
+    import torch
+
+    tried: list[str] = []
+
+    class _Refuses:
+        @staticmethod
+        def get_name() -> str:
+            return "probe"
+
+        @classmethod
+        def validate_configuration(cls, *args: Any, **kwargs: Any) -> list[str]:
+            return ["probed for its order"]
+
+        @classmethod
+        def is_available(cls) -> bool:
+            return False
+
+    def get_class(member: Any) -> type:
+        tried.append(member.name)
+        return _Refuses
+
+    had = "get_class" in vars(enum)
+    original = vars(enum).get("get_class")
+    groups: dict[tuple[str, ...], list[str]] = {}
+    type.__setattr__(enum, "get_class", get_class)
+    try:
+        for nope, rope, v in dims:
+            tried.clear()
+            config = selector_config(dtype=torch.bfloat16,
+                                     mla_dimensions=dims_cls(qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                                                             v_head_dim=v))
+            try:
+                platform.get_mla_prefill_backend_cls(config)
+            except Exception:  # none valid: the probe's doing
+                pass
+            groups.setdefault(tuple(tried), []).append(dims_label((nope, rope, v)))
+    finally:
+        if had:
+            type.__setattr__(enum, "get_class", original)
+        else:
+            type.__delattr__(enum, "get_class")
+    return [{"dims": labels, "order": list(order)} for order, labels in groups.items()]
+
+
+def prefill_dims(enum: Any) -> list[tuple[int, int, int]]:
+    """The MLA dims the prefill facts and orders are asked about: ``SERVED_MLA_DIMS``, then any other a prefill
+    class lists in ``supported_mla_dimensions`` (a class that cannot be had lists none), then ``OTHER_DIMS``."""
+    seen = dict.fromkeys(SERVED_MLA_DIMS)
+    for member in enum:
+        try:
+            listed = member.get_class().supported_mla_dimensions
+        except Exception:
+            continue
+        for d in listed:
+            seen.setdefault((int(d.qk_nope_head_dim), int(d.qk_rope_head_dim), int(d.v_head_dim)), None)
+    seen.setdefault(OTHER_DIMS, None)
+    return list(seen)
+
+
+def dims_label(dims: Any) -> str:
+    """``"192/64/256"`` (nope/rope/v), ``"other"`` for ``OTHER_DIMS``."""
+    nope, rope, v = (int(x) for x in dims)
+    return "other" if (nope, rope, v) == OTHER_DIMS else f"{nope}/{rope}/{v}"
+
+
+def _mla_dimensions(cls: type, dims: list[tuple[int, int, int]], dims_cls: type) -> list[str] | str:
+    taken = [d for d in dims
+             if cls.supports_mla_dimensions(dims_cls(qk_nope_head_dim=d[0], qk_rope_head_dim=d[1], v_head_dim=d[2]))]
+    return "any" if taken == dims else [dims_label(d) for d in taken]
+
+
+def _member_names(members: Any) -> list[str]:
+    return [str(getattr(m, "name", m)) for m in members]
