@@ -46,6 +46,7 @@ class KernelResult(TypedDict, total=False):
     raised: str  # a finding: the exception's class name
     raised_text: str  # a finding: str() of the exception
     frames: list[str]  # a finding: the engine's frames, outermost first, "module:qualname (line N)"
+    step: str  # a finding raised before the step under test: that step (CACHE_WRITE_STEP); absent: decode/verify
     notes: list[str]
 
 
@@ -67,6 +68,11 @@ class CellRecord(TypedDict, total=False):
     extra: dict[str, Any]  # added by pytest_mla_cell_record implementations
     nodeid: str  # set on the controller
     user_tests: dict[str, str]  # test name -> outcome of mla_matrix user tests, set on the controller
+
+
+#: ``kernel.step`` of a finding the engine's code raised writing the check's cached tokens through its own
+#: write path, before the decode or verify under test ran (``kernels.engine_runner.engine_step``).
+CACHE_WRITE_STEP = "cache write"
 
 
 def new_record(matrix_name: str, cell: Cell, expect: Expectation) -> CellRecord:

@@ -188,7 +188,7 @@ def _rank_raised(workdir: str, world: int) -> Exception | None:
                 return EngineCannotRun(info["text"])
             if info.get("function"):
                 return BackendRaised(info["error"], info["text"], info["function"], rank,
-                                     tuple(info.get("frames") or ()))
+                                     tuple(info.get("frames") or ()), info.get("step"))
     return None
 
 
@@ -315,7 +315,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
     import json
 
     from .collectives import TorchCollectives
-    from .engine_runner import RankContext, engine_frames_of, engine_function_of
+    from .engine_runner import RankContext, engine_frames_of, engine_function_of, step_of_exception
     from .interpreter import interpreter_fixes
     from .scratch import poisoned_scratch
 
@@ -331,7 +331,7 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
         from .emulated.glue import OutOfContractError
 
         info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package),
-                "frames": list(engine_frames_of(exc, args.package))}
+                "frames": list(engine_frames_of(exc, args.package)), "step": step_of_exception(exc)}
         if isinstance(exc, OutOfContractError):  # as engine_check does (an OutOfRangeRead is the engine's finding)
             info = {"error": "EngineCannotRun", "text": f"emulated kernel out of contract: {exc}", "function": None}
         with open(os.path.join(args.dir, f"rank{args.rank}.raised.json"), "w", encoding="utf-8") as f:

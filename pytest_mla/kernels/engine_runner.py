@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import traceback
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -12,7 +13,7 @@ from .collectives import Collectives
 from .inputs import DecodeInputs
 
 __all__ = ["BackendRaised", "EngineCannotRun", "EngineRunner", "RankContext", "RankResult", "engine_frames_of",
-           "engine_function_of"]
+           "engine_function_of", "engine_step", "step_of_exception"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,23 +41,50 @@ class RankResult:
 EngineRunner = Callable[[DecodeInputs, RankContext, Mapping[str, Any]], RankResult]
 
 
+#: The attribute ``engine_step`` sets on an exception raised inside it: the check's step it ended.
+STEP_ATTRIBUTE = "_pytest_mla_step"
+
+
+@contextlib.contextmanager
+def engine_step(step: str) -> Iterator[None]:
+    """Name the step of a check that runs the engine's code before the step under test (``"cache write"``:
+    the cached tokens written through the engine's own write path): an exception raised inside carries it,
+    so a finding says where it went wrong, not the decode or verify the check was building up to."""
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, STEP_ATTRIBUTE, None) is None:
+            try:
+                setattr(exc, STEP_ATTRIBUTE, step)
+            except (AttributeError, TypeError):  # an exception type that takes no attributes keeps no step
+                pass
+        raise
+
+
+def step_of_exception(exc: BaseException) -> str | None:
+    """The step ``engine_step`` named on ``exc``; None: the step under test (decode or verify)."""
+    step = getattr(exc, STEP_ATTRIBUTE, None)
+    return step if isinstance(step, str) else None
+
+
 class BackendRaised(Exception):
     """The engine's own code raised while computing an accepted configuration: a finding."""
 
     def __init__(self, error: str, text: str, function: str | None, rank: int | None = None,
-                 frames: tuple[str, ...] = ()) -> None:
+                 frames: tuple[str, ...] = (), step: str | None = None) -> None:
         self.error = error
         self.text = text
         self.function = function
         self.rank = rank
         self.frames = tuple(frames)  # the engine's frames, outermost first (``engine_frames_of``)
+        self.step = step  # the check's step it raised in (``engine_step``); None: the step under test
         where = f" in {function}" if function else ""
         super().__init__(f"{error}: {text}{where}")
 
     @classmethod
     def from_exception(cls, exc: BaseException, package: str | None, rank: int | None = None) -> "BackendRaised":
         return cls(type(exc).__name__, str(exc), engine_function_of(exc, package), rank,
-                   engine_frames_of(exc, package))
+                   engine_frames_of(exc, package), step_of_exception(exc))
 
 
 class EngineCannotRun(Exception):

@@ -32,8 +32,9 @@ def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout
     except EngineCannotRun as exc:  # the engine's own path needs a kernel this host lacks
         return not_run(str(exc))
     except BackendRaised as exc:  # the engine accepted the configuration, then its own code raised: a finding
+        step = {"step": exc.step} if exc.step else {}  # raised before the step under test (``engine_step``)
         return {**failed, "finding": True, "function": exc.function, "raised": exc.error, "raised_text": exc.text,
-                "frames": list(exc.frames),
+                "frames": list(exc.frames), **step,
                 "message": f"engine accepted this configuration, but its backend raised {exc}"}
     except AdapterError as exc:
         return {**failed, "crashed": True, "message": f"adapter error: {exc}"}

@@ -54,7 +54,7 @@ class FindingFacts:
 
     engine: str
     kind: str  # "raised" or "mismatch"
-    step: str  # "decode" or "verify"
+    step: str  # "decode" or "verify"; "cache write": raised writing the cached tokens, before the decode or verify
     level: str | None  # kernel.level: "backend", "kernel", "emulated", ...
     function: str | None  # raised: the innermost engine function; mismatch: the engine function that computed
     error: str  # the exception's class name; "mismatch" for an output out of tolerance
@@ -96,7 +96,9 @@ def finding_facts(record: Mapping[str, Any], engine: str = "") -> FindingFacts |
     k = kernel_of(record)
     if outcome.get("kind") != ACCEPTED or k.get("status") != KERNEL_FAILED or k.get("crashed"):
         return None
-    step = step_of(record.get("coords") or {})
+    # the check's step the engine's code raised in: one before the step under test (a cached token written
+    # through the engine's own write path: "cache write") says so, else the cell's decode or verify
+    step = str(k.get("step") or step_of(record.get("coords") or {}))
     level = k.get("level")
     emulated = tuple(k.get("emulated") or ())
     if k.get("finding"):

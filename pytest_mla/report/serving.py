@@ -14,6 +14,7 @@ import shlex
 from typing import Any, Mapping
 
 from ..core.models import BUILTIN_MODELS, ModelConfig
+from ..core.records import CACHE_WRITE_STEP
 from ..core.spec import parse_spec
 
 __all__ = ["CHECKPOINTS", "ServerPhase", "display_name", "serve_argv", "serve_command", "server_phase", "step_of"]
@@ -141,6 +142,12 @@ def server_phase(engine: str, step: str, kind: str = "raised", function: str | N
     attention backend, before any graph capture.
     """
     what = "decode" if step == "decode" else "verify"
+    if step == CACHE_WRITE_STEP:
+        return ServerPhase("cache write", "a server fails writing a request's tokens into its KV cache",
+                           "when it writes a request's tokens into the KV cache through this path (at the latest "
+                           "the prefill of the first such request): the check met it writing the cached tokens "
+                           "through the engine's own write path, before its decode or verify step ran, so whether "
+                           "the decode or verify step fails as well was not reached")
     if kind == "hardening":
         return ServerPhase("only with a non-finite free slot",
                            "hardening: only a NaN or Inf in a free KV slot reaches the output",

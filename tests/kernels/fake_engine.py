@@ -6,7 +6,7 @@ rows), it computes in float32 with plain torch, and it merges the ranks the
 way SGLang's ``cp_lse_ag_out_rs`` does: all-gather the LSEs, scale its own
 partial, all-reduce, keep its own slice of heads. ``options`` select faults:
 ``merge="average"`` ignores the LSEs; ``raise_in="decode"`` raises inside
-this "engine package"; ``positions="local"`` masks by local positions; ``scratch="unwritten"`` combines a
+this "engine package" (``raise_in="cache-write"``: in its write of the cached tokens, before the decode); ``positions="local"`` masks by local positions; ``scratch="unwritten"`` combines a
 partial output it allocated and never wrote with weight 0 (verify_splitkv's skipped splits);
 ``tail="unmasked"`` reads the value rows of a request's whole last page, free slots included, with
 probability 0 (the shape of vLLM's XPU tensor-descriptor load: right on a zeroed cache, NaN on a poisoned one);
@@ -71,7 +71,18 @@ def merge(out, lse, collectives, how):
     return collectives.all_reduce(mine), glob
 
 
+def write_cache(raise_in):
+    """The engine's own write of the cached tokens, which a runner makes before the decode under test."""
+    if raise_in == "cache-write":
+        raise IndexError("index 41 is out of bounds for dimension 0 with size 26")
+
+
 def run(inputs, ctx, options):
+    from pytest_mla.core.records import CACHE_WRITE_STEP
+    from pytest_mla.kernels.engine_runner import engine_step
+
+    with engine_step(CACHE_WRITE_STEP):  # as SGLang's runner writes the cached tokens through the pool
+        write_cache(options.get("raise_in"))
     b, s_q, h, _ = inputs.q.shape
     world, rank = ctx.world, ctx.rank
     device = inputs.q.device  # the harness moves the inputs to the GPU where there is one

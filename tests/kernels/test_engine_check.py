@@ -75,6 +75,22 @@ def test_exception_in_engine_code_is_a_finding_naming_the_function(dcp):
 
 
 @pytest.mark.parametrize("dcp_mode", ["in-process", "distributed"])
+def test_a_raise_in_the_engines_cache_write_names_that_step_not_the_decode(dcp_mode):
+    """The runner writes the cached tokens through the engine's own write path before the decode: a raise
+    there is the engine's, and its record says it came from that step (issue 41: F44/F45 said decode)."""
+    from pytest_mla.kernels.run import run_check
+
+    with pytest.raises(BackendRaised) as info:
+        run_engine_check(case(2), spec(raise_in="cache-write"), dcp_mode=dcp_mode, timeout_s=120)
+    assert info.value.step == "cache write" and info.value.function == "tests.kernels.fake_engine:write_cache"
+    record = run_check(case(2), spec(raise_in="cache-write"), where="interpreter", dcp_mode=dcp_mode, timeout_s=120)
+    assert (record["finding"], record["step"], record["raised"]) == (True, "cache write", "IndexError")
+    # a raise in the decode itself carries no step: the step under test
+    decode = run_check(case(1), spec(raise_in="decode"), where="interpreter", dcp_mode="in-process", timeout_s=120)
+    assert decode["finding"] and "step" not in decode
+
+
+@pytest.mark.parametrize("dcp_mode", ["in-process", "distributed"])
 def test_emulation_out_of_contract_is_not_run_never_a_finding(dcp_mode):
     """An emulated kernel asked for what it does not model: the cell is not-run with that one line (issue 21)."""
     from pytest_mla.kernels.engine_runner import EngineCannotRun

@@ -101,6 +101,25 @@ def test_a_mismatch_only_nan_poisoned_free_slots_show_is_a_hardening_finding_of_
     assert "hardening: a NaN in a free KV slot reaches the output of Backend.forward\\_decode" in md
 
 
+def test_a_raise_in_the_engines_cache_write_is_one_finding_of_that_step_for_decode_and_verify():
+    """The decode and the verify cells met the same raise writing their cached tokens (``kernel.step``): one
+    finding, titled by that step, whose server phase is the cache write, not a decode-graph capture."""
+    doc = sglang_document()
+    for cell_id in ("deepseek-v3/triton/dcp4/none/sm100", "deepseek-v3/triton/dcp4/eagle-1x3/sm100"):
+        kernel = raised("OutOfRangeRead", "loc: Pool.set_mla_kv_buffer under DCP 4 wrote 41 row(s) past the rank's 26",
+                        "eng.pool:Pool.set_mla_kv_buffer")
+        make_finding(doc, cell_id, {**kernel, "step": "cache write"})
+    findings = group_findings(doc["cells"], "sglang")
+    (write,) = [f for f in findings if f.facts.step == "cache write"]
+    assert write.facts.title == "cache write raises OutOfRangeRead in Pool.set_mla_kv_buffer"
+    assert len(write.records) == 2
+    assert write.facts.phase.when == "cache write" and "start-up" not in write.facts.phase.text
+    assert "before its decode or verify step ran" in write.facts.phase.text
+    md = render_markdown(doc)
+    assert "### F4. cache write raises OutOfRangeRead in Pool.set\\_mla\\_kv\\_buffer" in md
+    assert "a server fails writing a request's tokens into its KV cache" in md
+
+
 def test_a_record_without_the_raised_fields_is_read_from_its_message():
     doc = sglang_document()
     cell = find(doc, "deepseek-v3/triton/dcp2/eagle-1x3/sm90")

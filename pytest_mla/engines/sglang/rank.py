@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from ...core.errors import AdapterError
+from ...core.records import CACHE_WRITE_STEP
+from ...kernels.engine_runner import engine_step
 from ...kernels.inputs import free_slot_value
 from ..common import MODEL_CONFIGS
 from ..common.process_group import DcpGroup, torch_collectives_in_process
@@ -577,11 +579,13 @@ class RankSetup:
                 self.req_to_token_pool.req_to_token.dtype)
         s_new = inputs.q.shape[1]  # tokens the forward writes itself: the decoded token, or the draft tokens
         self.prefix_lens = [max(n - s_new, 0) for n in self.seqlens]
-        for i, n in enumerate(self.seqlens):
-            p = self.prefix_lens[i]
-            if p:
-                k, v = self._dense_rows(i)
-                self._write(self.slots[i][:p], torch.arange(p, device=self.device), k[:p], None if v is None else v[:p])
+        with engine_step(CACHE_WRITE_STEP):  # the engine's write path failing here is not its decode failing
+            for i, n in enumerate(self.seqlens):
+                p = self.prefix_lens[i]
+                if p:
+                    k, v = self._dense_rows(i)
+                    self._write(self.slots[i][:p], torch.arange(p, device=self.device), k[:p],
+                                None if v is None else v[:p])
 
     def _write(self, loc: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
         """Write cached tokens through the pool's own write path (under DCP: the rank's share, SGLang's rule)."""
