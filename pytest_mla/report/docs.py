@@ -446,7 +446,8 @@ class _Builder:
             text = re.sub(r"\d+", "N", facts.text) if facts.kind == "raised" else ""
             owner = (facts.function or "").rpartition(".")[0] or facts.function  # the class, where a method failed
             key: tuple[Any, ...] = ("finding", facts.kind, owner, facts.error, text, facts.hardening)
-            title = (f"raises {facts.error} in {short_function(facts.function)}" if facts.kind == "raised"
+            title = (f"indexes outside the cache in {short_function(facts.function)}" if facts.out_of_range
+                     else f"raises {facts.error} in {short_function(facts.function)}" if facts.kind == "raised"
                      else f"hardening: a NaN in a free KV slot reaches the output of {short_function(facts.function)}"
                      if facts.hardening else f"out of tolerance in {short_function(facts.function)}")
             statement = facts.statement

@@ -48,6 +48,11 @@ def _one_line(text: Any) -> str:
     return visible(" ".join(str(text).split())) if text else ""
 
 
+#: The exception an emulated kernel (``kernels/emulated/glue.OutOfRangeRead``) or a runner's guard raises where the
+#: engine handed it an index outside the cache: its name, read here without importing the kernels (torch).
+OUT_OF_RANGE = "OutOfRangeRead"
+
+
 @dataclasses.dataclass(frozen=True)
 class FindingFacts:
     """What one cell's finding is."""
@@ -72,8 +77,16 @@ class FindingFacts:
         return (self.engine, self.kind, self.step, self.level, self.function, self.error, text, self.hardening)
 
     @property
+    def out_of_range(self) -> bool:
+        """Raised by the check's own guard, not by the engine: the engine handed a kernel (or its write path) an
+        index outside the cache (``OutOfRangeRead``), which the real kernel follows without raising."""
+        return self.kind == "raised" and self.error == OUT_OF_RANGE
+
+    @property
     def title(self) -> str:
         """``decode raises AssertionError in MLATokenToKVPool.set_kv_buffer``."""
+        if self.out_of_range:
+            return f"{self.step} indexes outside the cache in {short_function(self.function)}"
         if self.kind == "raised":
             return f"{self.step} raises {self.error} in {short_function(self.function)}"
         if self.hardening:
@@ -82,7 +95,8 @@ class FindingFacts:
 
     @property
     def phase(self) -> ServerPhase:
-        return server_phase(self.engine, self.step, "hardening" if self.hardening else self.kind, self.function)
+        kind = "hardening" if self.hardening else "out-of-range" if self.out_of_range else self.kind
+        return server_phase(self.engine, self.step, kind, self.function)
 
     @property
     def statement(self) -> str:

@@ -112,7 +112,7 @@ def serve_command(engine: str, coords: Mapping[str, Any], model: ModelConfig | N
 class ServerPhase:
     """When a server started in a cell's configuration meets a finding of its ``step``."""
 
-    when: str  # "start-up", "first step" or "not traced"
+    when: str  # "start-up", "first step", "not traced", "cache write", "out of range" or a hardening gap
     short: str  # a clause for a table note: "a server fails at start-up (CUDA-graph capture)"
     text: str  # the whole story, for a bug report and the findings section
     sources: tuple[str, ...] = ()  # where in the engine's source it was read
@@ -142,6 +142,15 @@ def server_phase(engine: str, step: str, kind: str = "raised", function: str | N
     attention backend, before any graph capture.
     """
     what = "decode" if step == "decode" else "verify"
+    if kind == "out-of-range":
+        moment = ("when it writes a request's tokens into the KV cache through this path" if step == CACHE_WRITE_STEP
+                  else f"in its {what} steps (and in a start-up CUDA-graph capture of them)")
+        return ServerPhase("out of range", "on a GPU nothing raises here: the kernel reads or writes outside the cache",
+                           f"{moment}, and nothing raises where the check stopped: the check's guard (an emulated "
+                           "kernel's index check, or the guard rows around a write) refused an index outside the "
+                           "cache, which the real kernel follows without a bounds check, reading or writing other "
+                           "requests' KV rows or unmapped memory; a server then computes from foreign rows "
+                           "silently, corrupts another request's cache, or dies on an illegal memory access")
     if step == CACHE_WRITE_STEP:
         return ServerPhase("cache write", "a server fails writing a request's tokens into its KV cache",
                            "when it writes a request's tokens into the KV cache through this path (at the latest "

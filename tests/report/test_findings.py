@@ -105,19 +105,34 @@ def test_a_raise_in_the_engines_cache_write_is_one_finding_of_that_step_for_deco
     """The decode and the verify cells met the same raise writing their cached tokens (``kernel.step``): one
     finding, titled by that step, whose server phase is the cache write, not a decode-graph capture."""
     doc = sglang_document()
-    for cell_id in ("deepseek-v3/triton/dcp4/none/sm100", "deepseek-v3/triton/dcp4/eagle-1x3/sm100"):
-        kernel = raised("OutOfRangeRead", "loc: Pool.set_mla_kv_buffer under DCP 4 wrote 41 row(s) past the rank's 26",
-                        "eng.pool:Pool.set_mla_kv_buffer")
+    for cell_id, rows in (("deepseek-v3/triton/dcp4/none/sm100", 41), ("deepseek-v3/triton/dcp4/eagle-1x3/sm100", 48)):
+        kernel = raised("AssertionError", f"{rows} rows for 26 slots", "eng.pool:Pool.set_mla_kv_buffer")
         make_finding(doc, cell_id, {**kernel, "step": "cache write"})
     findings = group_findings(doc["cells"], "sglang")
     (write,) = [f for f in findings if f.facts.step == "cache write"]
-    assert write.facts.title == "cache write raises OutOfRangeRead in Pool.set_mla_kv_buffer"
+    assert write.facts.title == "cache write raises AssertionError in Pool.set_mla_kv_buffer"
     assert len(write.records) == 2
     assert write.facts.phase.when == "cache write" and "start-up" not in write.facts.phase.text
     assert "before its decode or verify step ran" in write.facts.phase.text
     md = render_markdown(doc)
-    assert "### F4. cache write raises OutOfRangeRead in Pool.set\\_mla\\_kv\\_buffer" in md
+    assert "### F4. cache write raises AssertionError in Pool.set\\_mla\\_kv\\_buffer" in md
     assert "a server fails writing a request's tokens into its KV cache" in md
+
+
+def test_an_index_the_checks_guard_refused_is_not_claimed_to_raise_on_a_gpu():
+    """``OutOfRangeRead`` is the emulated kernel's (or the write guard's) refusal of an index outside the cache:
+    a GPU follows it without raising, so the finding says so instead of a server dying at start-up."""
+    doc = sglang_document()
+    make_finding(doc, "deepseek-v3/triton/dcp4/none/sm100",
+                 raised("OutOfRangeRead", "page_table: index 80 at 0 is outside [0, 26): the kernel would read "
+                        "unmapped or foreign rows", "eng.fa3:_call_fa3_kernel", level="emulated"))
+    (oor,) = [f for f in group_findings(doc["cells"], "sglang") if f.facts.error == "OutOfRangeRead"]
+    assert oor.facts.title == "decode indexes outside the cache in _call_fa3_kernel"
+    phase = oor.facts.phase
+    assert phase.when == "out of range" and "nothing raises where the check stopped" in phase.text
+    assert "dies during start-up" not in phase.text and "illegal memory access" in phase.text
+    page = render_markdown(doc, view="docs")
+    assert "**indexes outside the cache in \\_call\\_fa3\\_kernel**" in page
 
 
 def test_a_record_without_the_raised_fields_is_read_from_its_message():

@@ -85,7 +85,10 @@ def render_bug_report(ctx: Context, template: Template | None, *, script_name: s
     archs = [v for a, vals in finding.coverage(["arch"]) for v in vals]
     out = [f"# {title_of(ctx)}", ""]
     summary = (f"{engine} {version} accepts this configuration at start-up, then its own code fails when it "
-               f"computes a {facts.step} step: " + (f"`{facts.error}` in `{facts.function}`." if facts.kind == "raised"
+               f"computes a {facts.step} step: " + (f"it hands a kernel an index outside the cache, which the check's "
+                                                     f"`{facts.error}` refused in `{facts.function}` (a GPU follows "
+                                                     "it without raising)." if facts.out_of_range
+                                                     else f"`{facts.error}` in `{facts.function}`." if facts.kind == "raised"
                                                      else "a NaN in a free KV-cache slot reaches the attention "
                                                      "output (with the slots zero-filled it is right)."
                                                      if facts.hardening else "the attention output is out of tolerance."))
