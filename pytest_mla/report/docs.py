@@ -185,14 +185,50 @@ def finding_causes(model: ReportModel) -> dict[int, RootCause]:
 
 
 def causes_line(model: ReportModel) -> str:
-    """``"49 findings from 17 root causes, over 310 cells"``: what the findings count, apart (empty without any)."""
+    """``"49 findings from 17 root causes, over 310 cells (198 configurations ...)"``: what the findings count,
+    apart (empty without any); the configurations count a rerouted cell once whatever backend was asked for."""
     findings = model.findings
     if not findings:
         return ""
     causes = {c.number for c in finding_causes(model).values()}
     cells = sum(len(f.records) for f in findings)
-    return (f"{len(findings)} finding{'s' if len(findings) != 1 else ''} from {len(causes)} root "
+    line = (f"{len(findings)} finding{'s' if len(findings) != 1 else ''} from {len(causes)} root "
             f"cause{'s' if len(causes) != 1 else ''}, over {cells} cell{'s' if cells != 1 else ''}")
+    configurations = sum(configurations_of(model, f.records) for f in findings)
+    if configurations != cells:
+        line += (f" ({configurations} configurations, counting once the cells that differ only by a backend "
+                 "the engine rerouted to another)")
+    return line
+
+
+def rerouted_of(model: ReportModel, records: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The class the engine built → the backends asked for whose cells among ``records`` it built that class for
+    instead of the one each backend's name declares (``backend_facts[name].class``; empty without it)."""
+    home = _home_classes(build_docs_view(model).facts)
+    out: dict[str, list[str]] = {}
+    for cell in records:
+        backend = str((cell.get("coords") or {}).get("backend"))
+        built = _decode_class(cell)
+        if home.get(backend) and built and built != home[backend] and not built.startswith("not built"):
+            names = out.setdefault(built, [])
+            if backend not in names:
+                names.append(backend)
+    return out
+
+
+def configurations_of(model: ReportModel, records: Sequence[Mapping[str, Any]]) -> int:
+    """How many configurations ``records`` are once a rerouted cell's backend is set aside: cells that differ
+    only by the backend asked for, where the engine built the same other class for each, are one."""
+    home = _home_classes(build_docs_view(model).facts)
+    seen = set()
+    for cell in records:
+        coords = cell.get("coords") or {}
+        backend = str(coords.get("backend"))
+        built = _decode_class(cell)
+        rerouted = bool(home.get(backend) and built and built != home[backend] and not built.startswith("not built"))
+        key = tuple(sorted((k, repr(v)) for k, v in coords.items() if k != "backend" or not rerouted))
+        seen.add((key, built if rerouted else None))
+    return len(seen)
 
 
 class _Builder:

@@ -42,8 +42,8 @@ from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
 from .findings import Finding, repro_command
 from .docs import build_docs_view
-from .docs import causes_line, finding_causes
-from .markdown import FINDINGS_INTRO, ROOT_CAUSE_INTRO, VIEWS, render_command, root_cause_text
+from .docs import causes_line, configurations_of, finding_causes, rerouted_of
+from .markdown import FINDINGS_INTRO, ROOT_CAUSE_INTRO, VIEWS, render_command, rerouted_text, root_cause_text
 
 #: The docs view is a Markdown page; the HTML report is what its symbols link to.
 HTML_VIEWS = tuple(v for v in VIEWS if v != "docs")
@@ -440,6 +440,8 @@ def findings_html(model: ReportModel) -> str:
                                    + (", ".join(facts.emulated) or "its kernel library")))
         rows += [("a server meets it", facts.phase.text),
                  ("cells", f"{len(f.records)}: {f.describe_cells(axes, model.order)}")]
+        rows += [("rerouted", rerouted_text(built, asked, configurations_of(model, f.records)))
+                 for built, asked in rerouted_of(model, f.records).items()]
         items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
         links = "".join(f'<dd><a href="{esc(link)}">{esc(link)}</a></dd>' for link in f.links)
         links = f"<dt>upstream</dt>{links}" if links else ""

@@ -33,7 +33,8 @@ from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import (CONSTRUCTION_STOPS, COUNTING, SYMBOL, BackendsView, ProbeAnswer, build_backends_view,
                        build_probe_answers)
-from .docs import DocsEntry, DocsView, build_docs_view, causes_line, finding_causes
+from .docs import (DocsEntry, DocsView, build_docs_view, causes_line, configurations_of, finding_causes,
+                   rerouted_of)
 from .findings import repro_command
 from .model import (LEGEND, SYMBOLS, Notes, ReportModel, format_key, kernel_counts_text, power_counts, reason_line,
                     tier_line, verdict_counts)
@@ -565,6 +566,15 @@ ROOT_CAUSE_INTRO = ("Findings that differ only by step (decode, verify), by the 
                     "in the message share a root cause; the docs page lists each root cause once.")
 
 
+def rerouted_text(built: str, asked: Sequence[str], configurations: int) -> str:
+    """``"the engine built XPUMLASparseBackend instead of their own for 26 backends asked for (A, B, ...);
+    counting their cells once, the finding covers 6 configurations"``."""
+    names = ", ".join(asked[:6]) + (f" and {len(asked) - 6} more" if len(asked) > 6 else "")
+    return (f"the engine built {built} instead of their own for {len(asked)} backend{'s' if len(asked) != 1 else ''} "
+            f"asked for ({names}); counting their cells once, the finding covers {configurations} "
+            f"configuration{'s' if configurations != 1 else ''}")
+
+
 def root_cause_text(cause: Any, number: int) -> str:
     """``"3: raises ValueError in FlashMLAImpl (also F4, F5)"``: a finding's root cause, naming the others of it."""
     others = [f"F{n}" for n in cause.findings if n != number]
@@ -605,6 +615,8 @@ def findings_section(model: ReportModel, level: int = 2) -> list[str]:
                        + md_text(", ".join(facts.emulated) or "its kernel library") + "; confirm on the GPU")
         out.append(f"- **a server meets it** {md_text(facts.phase.text)}")
         out.append(f"- **cells** ({len(f.records)}): {md_text(f.describe_cells(axes, model.order))}")
+        for built, asked in rerouted_of(model, f.records).items():
+            out.append(f"- **rerouted**: {md_text(rerouted_text(built, asked, configurations_of(model, f.records)))}")
         if f.links:
             out.append("- **upstream**: " + ", ".join(f"<{_url(link)}>" for link in f.links))
         out.append(f"- **reproduce**: `{_code(repro_command(f.ids[0]))}`")

@@ -428,7 +428,7 @@ def test_the_full_reports_count_findings_root_causes_and_cells_apart(tmp_path):
     XPU sparse backend's fp8 raise, decode and verify) are root cause 2, over 12 cells (see the page's causes)."""
     doc = document()
     md = render_markdown(doc)
-    assert "**4 findings from 2 root causes, over 14 cells.**" in md
+    assert "**4 findings from 2 root causes, over 14 cells (10 configurations" in md
     lines = [ln for ln in md.split("## Findings")[1].splitlines() if ln.startswith("- **root cause**")]
     assert lines == [
         "- **root cause** 1: out of tolerance in TritonImpl.forward (also F2)",
@@ -437,6 +437,26 @@ def test_the_full_reports_count_findings_root_causes_and_cells_apart(tmp_path):
         "- **root cause** 2: raises NotImplementedError in XPUSparseImpl.forward\\_mqa (also F3)",
     ]
     html = render_html(doc)
-    assert "<b>4 findings from 2 root causes, over 14 cells.</b>" in html
+    assert "<b>4 findings from 2 root causes, over 14 cells (10 configurations" in html
     assert html.count("<dt>root cause</dt>") == 4
     assert "<dd>2: raises NotImplementedError in XPUSparseImpl.forward_mqa (also F3)</dd>" in html
+
+
+def test_findings_say_which_backends_the_engine_rerouted_and_count_their_cells_once():
+    """F3/F4: on xpu every backend asked for the sparse model builds XPUSparseBackend. F3 (decode) covers TRITON_MLA,
+    SPARSE_X and XPU_SPARSE asked for, each with page 16 and 64 (6 cells); the two rerouted backends' cells are
+    one configuration per page size, XPU_SPARSE's own are two more: 4."""
+    doc = document()
+    md = render_markdown(doc)
+    findings = md.split("## Findings")[1]
+    lines = [ln for ln in findings.splitlines() if ln.startswith("- **rerouted**")]
+    assert lines == 2 * ["- **rerouted**: the engine built XPUSparseBackend instead of their own for 2 backends asked "
+                         "for (TRITON\\_MLA, SPARSE\\_X); counting their cells once, the finding covers 4 "
+                         "configurations"]
+    # 14 cells: F1, F2 one each; F3, F4 six each, four configurations each
+    assert "**4 findings from 2 root causes, over 14 cells (10 configurations, counting once the cells that differ " \
+           "only by a backend the engine rerouted to another).**" in md
+    html = render_html(doc)
+    assert html.count("<dt>rerouted</dt>") == 2
+    del doc["run"]["engine"]["metadata"]  # without the engine's declared classes nothing is called rerouted
+    assert "**rerouted**" not in render_markdown(doc) and "configurations, counting" not in render_markdown(doc)
