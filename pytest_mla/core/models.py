@@ -332,7 +332,9 @@ LLAMA3_ROPE = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
 #: models/mistral4/configuration_mistral4.py), less ``rope_theta`` (10000.0) and ``max_position_embeddings``
 #: (1048576), which the weightless config.json carries at the top level as the other entries do. YaRN with
 #: mscale_all_dim 1 and factor 128: the softmax scale ×(1 + 0.1·ln 128)² = ×2.206 in the engines' DeepSeek
-#: attention. ``llama_4_scaling_beta`` is a per-position query scaling the catalogue's scale does not model.
+#: attention. ``llama_4_scaling_beta`` is a per-position query scaling (q × (1 + β·ln(1 + ⌊pos / 8192⌋)), 1 below
+#: position 8192) the catalogue's scale does not model; the engines' DeepSeek attention reads it from a top-level
+#: ``llama_4_scaling`` ({original_max_position_embeddings, beta}), which the config.json carries too.
 MISTRAL4_ROPE = {"type": "yarn", "factor": 128.0, "original_max_position_embeddings": 8192, "beta_fast": 32.0,
                  "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1,
                  "partial_rotary_factor": 0.5}
@@ -373,7 +375,10 @@ MISTRAL_LARGE4_ROPE = {"rope_type": "yarn", "factor": 2048.0, "original_max_posi
 #:   qk_nope 64, qk_rope 64, v_head_dim 128, MISTRAL_LARGE4_ROPE, and DSA: index_topk 2048, index_n_heads
 #:   32, index_head_dim 128. Not modelled: every 4th layer is NoPE (no_rope_layers), "shared" indexer
 #:   layers reuse the previous full layer's top-k, and layers may share another layer's latent KV
-#:   (kv_source_layers; none by default). transformers has no class for Mistral Large 3 (no
+#:   (kv_source_layers; none by default). Its config.json spells the type as vLLM's Mistral-format loader
+#:   does (``mistral_large_4``), which is what vLLM's MLA test (is_deepseek_mla) and model code expect, but
+#:   no config class is registered under it: vLLM builds this model only from a Mistral-format params.json,
+#:   and loading the weightless config.json through AutoConfig fails. transformers has no class for Mistral Large 3 (no
 #:   ``mistral_large3`` type): its engines serve it as DeepSeek-V3 (MistralLarge3ForCausalLM), so it has no entry.
 #: - glm-4.7-flash (Glm4MoeLiteConfig; its ``auto_docstring`` names "zai-org/GLM-4.5", but the defaults are
 #:   the GLM-4.7-Flash geometry: 47 layers, hidden 2048): 20 heads (num_key_value_heads 20),

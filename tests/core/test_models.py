@@ -61,6 +61,14 @@ def test_catalogue_matches_the_config_json_the_engines_read(name):
     else:
         assert (config["num_key_value_heads"], config.get("head_dim", m.head_dim)) == (m.num_kv_heads, m.head_dim)
     assert {k: config.get(k, 0) for k in INDEXER_FIELDS} == {k: getattr(m, k) for k in INDEXER_FIELDS}
+    # Both engines' DeepSeek attention reads Mistral's per-position query scaling from a top-level
+    # llama_4_scaling (vLLM's Mistral-format remap writes it there), not from rope_scaling.
+    rope = dict(m.rope_scaling or ())
+    if "llama_4_scaling_beta" in rope:
+        assert config["llama_4_scaling"] == {"beta": rope["llama_4_scaling_beta"],
+                                             "original_max_position_embeddings": rope["original_max_position_embeddings"]}
+    else:
+        assert "llama_4_scaling" not in config
 
 
 def test_every_catalogue_model_has_a_checkpoint_and_a_config_json():
