@@ -10,7 +10,9 @@ carries that changes attention: ``rope_scaling`` (DeepSeek's YaRN multiplies
 the softmax scale by ``mscale²``), ``quantization`` (the checkpoint's
 ``quantization_config``: an FP8 checkpoint gives every attention layer KV
 scales in the engines) and ``mtp_layers`` (``num_nextn_predict_layers``, the
-draft layers MTP speculative decoding uses).
+draft layers MTP speculative decoding uses). ``q_lora_rank`` (the query's
+low-rank compression; 0: a dense query projection, ``config.json``'s null) is
+recorded for the entries whose source gives it and absent (None) elsewhere.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ INDEXER_FIELDS = ("index_topk", "index_n_heads", "index_head_dim")
 #: Fields a rule can test (``model.<field>``); ``quantization`` reads as the method name or "none".
 MODEL_FIELDS = ("mla", *_INT_FIELDS, "quantization", "mtp_layers")
 #: Keys of a ``[models.NAME]`` table.
-ENTRY_FIELDS = ("mla", *_INT_FIELDS, "rope_scaling", "quantization", "mtp_layers")
+ENTRY_FIELDS = ("mla", *_INT_FIELDS, "rope_scaling", "quantization", "mtp_layers", "q_lora_rank")
 
 #: rope_scaling types the engines know (``type`` or ``rope_type``); YaRN ones need factor and original length.
 ROPE_TYPES = ("yarn", "deepseek_yarn", "llama3", "linear", "dynamic", "default", "longrope", "mrope")
 YARN_TYPES = ("yarn", "deepseek_yarn")
+#: ``attention_factor`` is transformers' YaRN magnitude factor (Mistral Large 4: 1.0), ``llama_4_scaling_beta``
+#: the position-dependent query scaling Mistral's MLA models add (Mistral Small 4: 0.1), ``partial_rotary_factor``
+#: the rotary share of a q/k head (Mistral Small 4: qk_rope / (qk_nope + qk_rope) = 0.5).
 ROPE_KEYS = ("type", "rope_type", "factor", "mscale", "mscale_all_dim", "original_max_position_embeddings",
-             "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mrope_section", "rope_theta")
+             "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mrope_section", "rope_theta",
+             "attention_factor", "llama_4_scaling_beta", "partial_rotary_factor")
 #: quantization_config methods the engines read for attention layers (the KV-cache scales an FP8 checkpoint gives).
 QUANT_METHODS = ("fp8", "modelopt", "modelopt_fp4", "compressed-tensors", "w8a8_fp8")
 
@@ -74,6 +80,7 @@ class ModelConfig:
     index_topk: int = 0  # sparse MLA only: KV tokens the indexer keeps per query token (0: dense)
     index_n_heads: int = 0  # sparse MLA only: the indexer's query heads
     index_head_dim: int = 0  # sparse MLA only: the indexer's head width
+    q_lora_rank: int | None = None  # MLA only: query compression rank; 0: dense q projection; None: not recorded
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rope_scaling", _frozen(self.rope_scaling))
@@ -90,6 +97,12 @@ class ModelConfig:
                 raise ModelConfigError(key, f"{key} must be a non-negative integer, got {value!r}")
         if not isinstance(self.mla, bool):
             raise ModelConfigError("mla", f"mla must be true or false, got {self.mla!r}")
+        if self.q_lora_rank is not None:
+            if isinstance(self.q_lora_rank, bool) or not isinstance(self.q_lora_rank, int) or self.q_lora_rank < 0:
+                raise ModelConfigError("q_lora_rank", "q_lora_rank must be a non-negative integer (0: a dense query "
+                                                      f"projection), got {self.q_lora_rank!r}")
+            if not self.mla:
+                raise ModelConfigError("q_lora_rank", "q_lora_rank: only an MLA model compresses its queries")
         if self.num_heads < 1:
             raise ModelConfigError("num_heads", f"num_heads must be >= 1, got {self.num_heads}")
         if self.mla:
@@ -174,11 +187,15 @@ class ModelConfig:
         if self.quantization is not None:
             out["quantization_config"] = _thawed(self.quantization)
         out["num_nextn_predict_layers"] = self.mtp_layers
+        if self.q_lora_rank is not None:
+            out["q_lora_rank"] = self.q_lora_rank or None
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as plain values; a dense model's (zero) indexer fields are left out."""
+        """The fields as plain values; a dense model's (zero) indexer fields and an unrecorded q_lora_rank are left out."""
         data = dataclasses.asdict(self)
+        if self.q_lora_rank is None:
+            data.pop("q_lora_rank")
         data["rope_scaling"] = _thawed(self.rope_scaling)
         data["quantization"] = _thawed(self.quantization)
         if not self.sparse:
@@ -243,10 +260,15 @@ def _check_rope_scaling(rope: dict[str, Any]) -> None:
     if kind not in ROPE_TYPES:
         key = "rope_scaling.type" if "type" in rope else "rope_scaling.rope_type"
         raise ModelConfigError(key, f"unknown rope_scaling type {kind!r} (known: {', '.join(ROPE_TYPES)})")
-    for key in ("factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow"):
+    for key in ("factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow", "attention_factor",
+                "llama_4_scaling_beta"):
         if key in rope and (not _number(rope[key]) or rope[key] < 0):
             raise ModelConfigError(f"rope_scaling.{key}", f"rope_scaling.{key} must be a non-negative number, "
                                                          f"got {rope[key]!r}")
+    partial = rope.get("partial_rotary_factor")
+    if partial is not None and (not _number(partial) or not 0 < partial <= 1):
+        raise ModelConfigError("rope_scaling.partial_rotary_factor", "rope_scaling.partial_rotary_factor must be a "
+                                                                     f"number in (0, 1], got {partial!r}")
     if kind in YARN_TYPES:
         if "factor" not in rope:
             raise ModelConfigError("rope_scaling", f"a {kind} rope_scaling needs a factor")
@@ -291,9 +313,10 @@ def _yarn(factor: float, mscale: float, mscale_all_dim: float, beta_fast: float 
 
 def _mla(name: str, num_heads: int, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
          qk_nope_head_dim: int = 128, v_head_dim: int = 128, *, rope: Mapping[str, Any] | None = None,
-         quant: Mapping[str, Any] | None = None, mtp: int = 0, **indexer: int) -> ModelConfig:
+         quant: Mapping[str, Any] | None = None, mtp: int = 0, q_lora: int | None = None,
+         **indexer: int) -> ModelConfig:
     return ModelConfig(name, True, num_heads, 1, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
-                       rope_scaling=rope, quantization=quant, mtp_layers=mtp, **indexer)
+                       rope_scaling=rope, quantization=quant, mtp_layers=mtp, q_lora_rank=q_lora, **indexer)
 
 
 def _gqa(name: str, num_heads: int, num_kv_heads: int, head_dim: int, *,
@@ -305,6 +328,22 @@ def _gqa(name: str, num_heads: int, num_kv_heads: int, head_dim: int, *,
 LLAMA3_ROPE = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                "original_max_position_embeddings": 8192, "rope_type": "llama3"}
 
+#: Mistral Small 4's rope: transformers' Mistral4Config.__post_init__ default (transformers 5.24,
+#: models/mistral4/configuration_mistral4.py), less ``rope_theta`` (10000.0) and ``max_position_embeddings``
+#: (1048576), which the weightless config.json carries at the top level as the other entries do. YaRN with
+#: mscale_all_dim 1 and factor 128: the softmax scale ×(1 + 0.1·ln 128)² = ×2.206 in the engines' DeepSeek
+#: attention. ``llama_4_scaling_beta`` is a per-position query scaling (q × (1 + β·ln(1 + ⌊pos / 8192⌋)), 1 below
+#: position 8192) the catalogue's scale does not model; the engines' DeepSeek attention reads it from a top-level
+#: ``llama_4_scaling`` ({original_max_position_embeddings, beta}), which the config.json carries too.
+MISTRAL4_ROPE = {"type": "yarn", "factor": 128.0, "original_max_position_embeddings": 8192, "beta_fast": 32.0,
+                 "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1,
+                 "partial_rotary_factor": 0.5}
+#: Mistral Large 4's rope: MistralLarge4TextConfig.__post_init__ default (transformers 5.24,
+#: models/mistral_large4/configuration_mistral_large4.py), less ``rope_theta`` (10000.0): YaRN over a
+#: 512-token window with no magnitude scaling (attention_factor 1.0, no mscale_all_dim: softmax scale ×1).
+MISTRAL_LARGE4_ROPE = {"rope_type": "yarn", "factor": 2048.0, "original_max_position_embeddings": 512,
+                       "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.0}
+
 
 #: Built-in catalogue, by the names matrix files use, with the published checkpoints' fields
 #: (each also in ``engines/model_configs/NAME/config.json``, which the engines read; a test
@@ -314,6 +353,42 @@ LLAMA3_ROPE = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
 #: bf16 checkpoints with YaRN factor 40, mscale_all_dim 0.707 (×1.590). DeepSeek-V3.2
 #: (deepseek-ai/DeepSeek-V3.2, as V3.2-Exp) is V3's attention and checkpoint plus the
 #: lightning indexer of DeepSeek sparse attention (top 2048 tokens, 64 indexer heads of 128).
+#:
+#: The other MLA families (issue 39) come from the configuration classes transformers 5.24 ships
+#: (``transformers/models/<type>/configuration_<type>.py``: class defaults, which its comments or
+#: ``auto_docstring(checkpoint=...)`` tie to the checkpoint). The checkpoints' own config.json files could
+#: not be downloaded here (no network): where they differ from the class defaults, the entry is the class's.
+#: None of these classes carries ``num_nextn_predict_layers`` or a ``quantization_config``, so the entries
+#: have no MTP layers and no quantization (bf16) by that source; they record ``q_lora_rank``, the
+#: DeepSeek-V2/V3 ones (recorded before the field existed) do not.
+#:
+#: - minicpm3-4b (MiniCPM3Config, ``auto_docstring(checkpoint="openbmb/MiniCPM3-4B")``, "Defaults match the
+#:   openbmb/MiniCPM3-4B checkpoint"): 40 heads (num_key_value_heads 40), kv_lora_rank 256, q_lora_rank 768,
+#:   qk_nope 64, qk_rope 32, v_head_dim None → hidden_size // heads = 2560 // 40 = 64; rope_parameters None
+#:   (the class has no rope scaling; the published config.json is said to carry a longrope rope_scaling
+#:   with per-dim factor lists, which could not be checked offline and is left out).
+#: - mistral-small-4 (Mistral4Config, ``auto_docstring(checkpoint="mistralai/Mistral-Small-4-119B-2603")``):
+#:   32 heads (num_key_value_heads 32), kv_lora_rank 256, q_lora_rank 1024, qk_nope 64, qk_rope 64,
+#:   v_head_dim 128, MISTRAL4_ROPE.
+#: - mistral-large-4 (MistralLarge4TextConfig, ``auto_docstring(checkpoint="mistralai/Mistral-Large-4-1T-A52B")``):
+#:   64 heads (num_key_value_heads 64), kv_lora_rank 512, no q_lora_rank field (a dense q projection: 0),
+#:   qk_nope 64, qk_rope 64, v_head_dim 128, MISTRAL_LARGE4_ROPE, and DSA: index_topk 2048, index_n_heads
+#:   32, index_head_dim 128. Not modelled: every 4th layer is NoPE (no_rope_layers), "shared" indexer
+#:   layers reuse the previous full layer's top-k, and layers may share another layer's latent KV
+#:   (kv_source_layers; none by default). Its config.json spells the type as vLLM's Mistral-format loader
+#:   does (``mistral_large_4``), which is what vLLM's MLA test (is_deepseek_mla) and model code expect, but
+#:   no config class is registered under it: vLLM builds this model only from a Mistral-format params.json,
+#:   and loading the weightless config.json through AutoConfig fails. transformers has no class for Mistral Large 3 (no
+#:   ``mistral_large3`` type): its engines serve it as DeepSeek-V3 (MistralLarge3ForCausalLM), so it has no entry.
+#: - glm-4.7-flash (Glm4MoeLiteConfig; its ``auto_docstring`` names "zai-org/GLM-4.5", but the defaults are
+#:   the GLM-4.7-Flash geometry: 47 layers, hidden 2048): 20 heads (num_key_value_heads 20),
+#:   kv_lora_rank 512, q_lora_rank 768, qk_nope 192, qk_rope 64, v_head_dim 256; no rope scaling.
+#: - glm-5 (GlmMoeDsaConfig, ``auto_docstring(checkpoint="zai-org/GLM-5")``): 64 heads (num_key_value_heads
+#:   64), kv_lora_rank 512, q_lora_rank 2048, qk_nope 192, qk_rope 64, v_head_dim 256, no rope scaling, and
+#:   DSA: index_topk 2048, index_n_heads 32, index_head_dim 128.
+#: - Kimi-K2.5 has no entry: Kimi_K25Config (``model_type = "kimi_k25"``) defines no attention field of its
+#:   own; its text_config is a deepseek_v3 config (a hub ``"kimi_k2"`` text model_type is remapped to
+#:   ``deepseek_v3``), i.e. Kimi-K2's attention (kimi-k2 above) as far as transformers says.
 BUILTIN_MODELS: Mapping[str, ModelConfig] = {
     m.name: m
     for m in (
@@ -324,6 +399,12 @@ BUILTIN_MODELS: Mapping[str, ModelConfig] = {
         _mla("deepseek-v2", 128, rope=_yarn(40, 0.707, 0.707)),
         _mla("deepseek-v2-lite", 16, rope=_yarn(40, 0.707, 0.707)),
         _mla("kimi-k2", 64, rope=_yarn(32.0, 1.0, 1.0, beta_fast=1.0, beta_slow=1.0), quant=FP8_BLOCK),
+        _mla("minicpm3-4b", 40, 256, 32, 64, 64, q_lora=768),
+        _mla("mistral-small-4", 32, 256, 64, 64, 128, rope=MISTRAL4_ROPE, q_lora=1024),
+        _mla("mistral-large-4", 64, 512, 64, 64, 128, rope=MISTRAL_LARGE4_ROPE, q_lora=0,
+             index_topk=2048, index_n_heads=32, index_head_dim=128),
+        _mla("glm-4.7-flash", 20, 512, 64, 192, 256, q_lora=768),
+        _mla("glm-5", 64, 512, 64, 192, 256, q_lora=2048, index_topk=2048, index_n_heads=32, index_head_dim=128),
         _gqa("llama-3.1-8b", 32, 8, 128, rope=LLAMA3_ROPE),
         _gqa("llama-3.1-70b", 64, 8, 128, rope=LLAMA3_ROPE),
         _gqa("qwen2.5-7b", 28, 4, 128),

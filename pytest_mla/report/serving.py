@@ -33,6 +33,13 @@ CHECKPOINTS = {
     "deepseek-v2": "deepseek-ai/DeepSeek-V2",
     "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite",
     "kimi-k2": "moonshotai/Kimi-K2-Instruct",
+    # Issue 39's families: the checkpoints transformers 5.24's configuration classes name
+    # (auto_docstring(checkpoint=...)); GLM-4.7-Flash's class names zai-org/GLM-4.5, its defaults are the Flash's.
+    "minicpm3-4b": "openbmb/MiniCPM3-4B",
+    "mistral-small-4": "mistralai/Mistral-Small-4-119B-2603",
+    "mistral-large-4": "mistralai/Mistral-Large-4-1T-A52B",
+    "glm-4.7-flash": "zai-org/GLM-4.7-Flash",
+    "glm-5": "zai-org/GLM-5",
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
     "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
     "llama-3.2-11b-vision": "meta-llama/Llama-3.2-11B-Vision-Instruct",
