@@ -571,7 +571,9 @@ def _only_or_not(axis: str, chosen: Sequence[Any], every: Sequence[Any]) -> str:
 
 def _words(axis: str, values: Sequence[Any]) -> str:
     """``page 64/128``, ``KV fp8``, ``sm90/sm100``: an axis's values, its word said once."""
-    return _SCOPE_WORDS[axis].format("/".join(map(str, values)))
+    # numbers stay tight (page 64/128); names get spaces, so a renderer can wrap a long list in a narrow cell
+    joiner = "/" if all(isinstance(v, int) for v in values) else " / "
+    return _SCOPE_WORDS[axis].format(joiner.join(map(str, values)))
 
 
 def _coord(cell: Mapping[str, Any], axis: str) -> Any:
