@@ -429,3 +429,36 @@ def test_npu_cells_stop_at_torch_npu_and_other_platforms_backends_are_out_of_sco
     for cell_id in ("deepseek-v3/intel_amx/dcp1/none/npu/kv-auto", "deepseek-v3/ascend/dcp1/none/cpu_amx/kv-auto"):
         assert cells[cell_id]["verdict"] == "skip" and cells[cell_id]["outcome"] is None
         assert cells[cell_id]["reason"].startswith("outside this matrix: ")
+
+
+@pytest.mark.parametrize("release", COMMITTED_RELEASES)
+def test_minicpm3_and_glm_cells_meet_sglangs_code_at_their_geometry(release):
+    """Read in SGLang's source (configs/model_config.py: the MiniCPM3ForCausalLM branch sets kv_lora_rank and
+    qk_rope_head_dim, never qk_nope_head_dim; flashinfer_mla_backend.py's prefill updater and
+    trtllm_mla_backend.py's constructor read it) and the checkpoints' geometry (MiniCPM3: 256 + 32 = 288-wide
+    latent, 40 heads; GLM-4.7-Flash: 512 + 64, 20 heads): backends that never read the attribute check at
+    MiniCPM3's latent; those that do fail building the backend, declared; GLM is served like DeepSeek."""
+    _, cells = committed_slice(
+        release, "--mla-select=model=minicpm3-4b,glm-4.7-flash",
+        "--mla-select=backend=triton,fa3,flashinfer,flashmla,trtllm_mla", "--mla-select=dcp=1",
+        "--mla-select=spec=none", "--mla-select=arch=sm90,sm100", "--mla-select=kv_dtype=auto")
+
+    def cell(model, backend, arch):
+        return cells[f"{model}/{backend}/dcp1/none/{arch}/kv-auto"]
+
+    for backend, level in (("triton", "backend"), ("fa3", "emulated")):
+        kernel = cell("minicpm3-4b", backend, "sm90")["kernel"]
+        assert kernel["status"] == "verified" and kernel["level"] == level, kernel
+        assert (kernel["case"]["d_qk"], kernel["case"]["d_v"], kernel["case"]["h_q"]) == (288, 256, 40), kernel["case"]
+        glm = cell("glm-4.7-flash", backend, "sm90")["kernel"]
+        assert glm["status"] == "verified" and (glm["case"]["d_qk"], glm["case"]["h_q"]) == (576, 20), glm["case"]
+    for backend in ("flashinfer", "flashmla"):
+        broken = cell("minicpm3-4b", backend, "sm90")
+        assert broken["verdict"] == "xfail" and broken["kernel"]["raised"] == "AttributeError", broken["kernel"]
+        assert "qk_nope_head_dim" in broken["kernel"]["raised_text"]
+        assert broken["kernel"]["function"].endswith("FlashInferMLAIndicesUpdaterPrefill.__init__")
+    trtllm = cell("minicpm3-4b", "trtllm_mla", "sm100")  # its constructor runs at start-up: a crash, declared
+    assert trtllm["verdict"] == "xfail" and trtllm["outcome"]["kind"] == "crashed", trtllm["outcome"]
+    assert "qk_nope_head_dim" in trtllm["outcome"]["message"]
+    assert cell("minicpm3-4b", "trtllm_mla", "sm90")["outcome"]["kind"] == "rejected"  # Blackwell only, as for DeepSeek
+    assert cell("glm-4.7-flash", "trtllm_mla", "sm100")["outcome"]["kind"] == "accepted"
