@@ -460,3 +460,26 @@ def test_findings_say_which_backends_the_engine_rerouted_and_count_their_cells_o
     assert html.count("<dt>rerouted</dt>") == 2
     del doc["run"]["engine"]["metadata"]  # without the engine's declared classes nothing is called rerouted
     assert "**rerouted**" not in render_markdown(doc) and "configurations, counting" not in render_markdown(doc)
+
+
+def test_the_committed_vllm_page_shows_what_vllms_own_code_decides():
+    """Literals read in vLLM 0.34.0's source (platforms/cuda.py _get_backend_priorities, platforms/interface.py
+    get_mla_prefill_backend_cls, fa_utils.py): the page a maintainer would paste carries them, not a table of ours."""
+    path = REPO / "reports" / "vllm-0.34.0.docs.md"
+    if not path.exists():
+        pytest.skip(f"{path} not committed")
+    page = path.read_text()
+    orders = page.split("## Which backend is taken when none is asked for (CUDA)\n")[1].split("\n## ")[0]
+    sm100 = orders.split("- **sm100**\n")[1].split("\n- **")[0]
+    assert ("  - MLA: FLASHINFER\\_MLA → TOKENSPEED\\_MLA → CUTLASS\\_MLA → FLASH\\_ATTN\\_MLA → FLASHMLA → "
+            "TRITON\\_MLA → FLASHMLA\\_SPARSE → FLASHINFER\\_MLA\\_SPARSE") in sm100.splitlines()
+    assert "  - standard attention: FLASHINFER → FLASH\\_ATTN → TRITON\\_ATTN → FLEX\\_ATTENTION → TURBOQUANT" \
+        in sm100.splitlines()
+    prefill = page.split("## MLA prefill backends\n")[1].split("\n## ")[0]
+    assert "192/64/256: TRTLLM\\_RAGGED → FLASH\\_ATTN → FLASHINFER → TOKENSPEED\\_MLA" in prefill
+    assert "- **sm90**: 64/32/64, 64/64/128, 128/64/128, 192/64/256, other: FLASH\\_ATTN" in prefill
+    declared = table_after(page, "The other backends the engine registers (not in this matrix):", links=False)
+    fa2 = next(row for row in declared if row[0] == "FLASH\\_ATTN on sm80, sm120")  # FlashAttention 2 there
+    assert fa2[2] == "auto, float16, bfloat16" and "sink" not in fa2[-1]
+    fa3 = next(row for row in declared if row[0] == "FLASH\\_ATTN")  # the sm90 answers: FlashAttention 3
+    assert "fp8" in fa3[2] and "sink" in fa3[-1]
