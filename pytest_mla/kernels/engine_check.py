@@ -72,11 +72,19 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     """
     from ._mode import ensure_triton_mode
     from .compare import tolerance_for
-    from .harness import gen_checked_inputs, kv_scale_variants, merge_variants
+    from .harness import gen_checked_inputs, kv_scale_variants, merge_variants, schedule_case
 
     ensure_triton_mode()
     tol = tolerance_for(case.dtype, case.kv_dtype, fp8_dots=spec.fp8_dots)
     records = []
+    split_from = spec.option_map.get("schedule_tokens")
+    if split_from:  # the lengths that take the backend's split schedule first: a failure there leads the record
+        long = schedule_case(case, int(split_from))
+        kv_scale = kv_scale_variants(long)[0]
+        inputs, power = gen_checked_inputs(long, tol.out, kv_scale=kv_scale)
+        record = _run_once(long, spec, inputs, power, tol, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
+        record["schedule_case"] = True
+        records.append(record)
     for kv_scale in kv_scale_variants(case):
         inputs, power = gen_checked_inputs(case, tol.out, kv_scale=kv_scale)
         conventions = spec.option_map.get("kv_conventions") if kv_scale not in (None, 1.0) else None
@@ -197,6 +205,10 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
         "time_s": round(elapsed, 4),
         "message": None if ok else "; ".join(c.message for c in checks if c.message),
     }
+    schedule = {name: sorted({c for r in results for c in r.schedule.get(name, ())})
+                for name in sorted({n for r in results for n in r.schedule})}
+    if schedule:
+        record["schedule"] = schedule
     emulated = sorted({e for r in results for e in r.emulated})
     if (spec.level == "emulated") != bool(emulated):  # a level is a promise: say exactly what ran
         raise RuntimeError(f"engine runner {spec.target}: level {spec.level!r} but emulated callables "

@@ -36,6 +36,9 @@ class RankResult:
     #: Kernel-library callables the engine called that ran as float64 emulations ("module:qualname",
     #: ``kernels.emulated.install.CallLog.called``); non-empty exactly when the level is "emulated".
     emulated: tuple[str, ...] = ()
+    #: The schedule the engine handed its kernel, by parameter (``{"num_kv_splits": [1, 2]}``: the distinct
+    #: split counts it was given; ``engines.common.schedule``); empty where the runner records none.
+    schedule: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
 
 EngineRunner = Callable[[DecodeInputs, RankContext, Mapping[str, Any]], RankResult]

@@ -21,7 +21,7 @@ from ..core.kernelspec import DCP_MODES
 from ..core.models import ModelConfig
 from ..core.spec import parse_spec
 
-__all__ = ["DCP_MODES", "CaseTooLarge", "KernelCase", "case_for", "run_kernel_check"]
+__all__ = ["DCP_MODES", "CaseTooLarge", "KernelCase", "case_for", "run_kernel_check", "schedule_case"]
 
 DEFAULT_PAGE_SIZE = 16
 #: The longest request a check builds: beyond it a check of a huge DCP size or page size would
@@ -103,6 +103,24 @@ def _check_seqlens(s_q: int, dcp: int, page_size: int, interleave: int) -> tuple
     """
     long = max(dcp * max(page_size, interleave) + page_size // 2 + 3, s_q + 5, MIN_LONG)
     return (1, long, 0) if s_q == 1 else (s_q, long)
+
+
+def schedule_case(case: KernelCase, split_from: int) -> KernelCase:
+    """``case`` with the lengths that take a kernel's other schedules (issue 40): one request long enough
+    that a backend splitting its KV from ``split_from`` cached tokens splits it (ending mid-page), one
+    that ends one token into a fresh page, one that ends exactly on a page boundary, and the shortest
+    (one token, or ``s_q`` under speculative verify). Same heads, dims, dtypes and DCP layout; its own
+    seed, derived like every case's from the numbers.
+    """
+    page, first = case.page_size, max(case.s_q, 1)
+    long = max(split_from, MIN_LONG) + case.dcp * max(page, case.dcp_interleave) // 2 + 3
+    if long > MAX_CHECK_TOKENS:
+        raise CaseTooLarge(f"a schedule case splitting from {split_from:,} tokens would need {long:,} tokens "
+                           f"(at most {MAX_CHECK_TOKENS:,} here)")
+    seqlens = (first, long, max(page + 1, first), max(2 * page, first))
+    fields = {**case.as_dict(), "seqlens": list(seqlens), "batch": len(seqlens)}
+    base = fields.pop("seed")
+    return dataclasses.replace(case, seqlens=seqlens, batch=len(seqlens), seed=_stable_seed(base, fields))
 
 
 def _int_coord(coords: Mapping[str, object], key: str, default: int) -> int:
@@ -258,14 +276,21 @@ def _generate_checked_inputs(case: KernelCase, tol_out: Any, kv_scale: float | s
 
 
 def merge_variants(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One kernel record from the runs of a case's ``kv_scale_variants`` (verified only if every run is)."""
+    """One kernel record from the runs of a case's ``kv_scale_variants`` and its ``schedule_case`` (verified
+    only if every run is; ``schedule``: every split count the runs handed their kernel)."""
     if len(records) == 1:
         return records[0]
     failing = [r for r in records if r["status"] != "verified"]
     main = dict(failing[0] if failing else records[-1])
     main["variants"] = [{"kv_scale": r["kv_scale"], "status": r["status"],
                          "out_max_abs": r["errors"]["out"]["max_abs_err"], "out_cos_diff": r["errors"]["out"]["cos_diff"],
+                         **({"seqlens": r["case"]["seqlens"]} if r.get("schedule_case") else {}),
+                         **({"schedule": r["schedule"]} if r.get("schedule") else {}),
                          **({"message": r["message"]} if r.get("message") else {})} for r in records]
+    schedule = {name: sorted({c for r in records for c in (r.get("schedule") or {}).get(name, ())})
+                for name in sorted({n for r in records for n in r.get("schedule") or {}})}
+    if schedule:
+        main["schedule"] = schedule
     main["time_s"] = round(sum(r["time_s"] for r in records), 4)
     undetected = sorted({u for r in records for u in r["power"]["undetected"]})
     main["power"] = {**main["power"], "undetected": undetected}

@@ -154,10 +154,19 @@ def describe_kernel(k: Mapping[str, Any] | None, host: str | None = None) -> str
     power = k.get("power")
     if isinstance(power, Mapping):
         lines.append("  power: " + power_line(power))
+    schedule = k.get("schedule")
+    if isinstance(schedule, Mapping):
+        lines.append("  schedule: " + "; ".join(f"{name} {', '.join(str(c) for c in counts)}"
+                                               for name, counts in schedule.items() if isinstance(counts, list)))
     for variant in k.get("variants") or []:
         if isinstance(variant, Mapping):
-            lines.append(f"  k_scale {_num(variant.get('kv_scale'))}: {variant.get('status')}, out max_abs_err "
-                         f"{_num(variant.get('out_max_abs'))} · cos_diff {_num(variant.get('out_cos_diff'))}")
+            what = (f"schedule case (seqlens {', '.join(str(n) for n in variant['seqlens'])})"
+                    if isinstance(variant.get("seqlens"), list) else f"k_scale {_num(variant.get('kv_scale'))}")
+            splits = (variant.get("schedule") or {}).get("num_kv_splits") if isinstance(variant.get("schedule"), Mapping) \
+                else None
+            lines.append(f"  {what}: {variant.get('status')}, out max_abs_err "
+                         f"{_num(variant.get('out_max_abs'))} · cos_diff {_num(variant.get('out_cos_diff'))}"
+                         + (f" · KV splits {', '.join(str(c) for c in splits)}" if splits else ""))
     case = k.get("case")
     if isinstance(case, Mapping):
         lines.append("  case: " + " ".join(f"{a}={b}" for a, b in case.items()))

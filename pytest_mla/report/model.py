@@ -654,6 +654,28 @@ def tier_line(run: Mapping[str, Any]) -> str | None:
     return None
 
 
+def schedule_counts(records: Iterable[Mapping[str, Any]]) -> str:
+    """Which split-KV schedules verified checks ran, per backend (``kernel.schedule``: the split counts the
+    engine handed its decode kernel), and how many of those checks split a request more than once."""
+    seen: dict[str, set[int]] = {}
+    checks: Counter[str] = Counter()
+    split: Counter[str] = Counter()
+    for record in records:
+        kernel = record.get("kernel") or {}
+        counts = (kernel.get("schedule") or {}).get("num_kv_splits") if kernel.get("status") == VERIFIED else None
+        if not counts:
+            continue
+        name = str(kernel.get("kernel") or (record.get("coords") or {}).get("backend"))
+        seen.setdefault(name, set()).update(int(c) for c in counts)
+        checks[name] += 1
+        split[name] += max(int(c) for c in counts) > 1
+    if not seen:
+        return ""
+    parts = [f"{name} {', '.join(str(c) for c in sorted(seen[name]))} ({split[name]} of {checks[name]} checks "
+             "split a request)" for name in sorted(seen)]
+    return "split-KV schedules verified (the KV split counts the engine handed its decode kernel): " + "; ".join(parts)
+
+
 def power_counts(records: Iterable[Mapping[str, Any]]) -> str:
     """How many verified checks would have caught each planted fault (``kernel.power``), and how many applied."""
     runs = [(r.get("kernel") or {}) for r in records if (r.get("kernel") or {}).get("status") == VERIFIED]

@@ -62,6 +62,25 @@ def test_vllm_backends_verify_and_injected_faults_fail(venv):
     assert status["merge-ignores-lse:v2lite-decode"] == "verified"  # no DCP, no merge
 
 
+def test_triton_mla_is_verified_past_its_split_threshold_and_a_split_merge_fault_fails():
+    """TRITON_MLA splits a request's KV from 2 * _MIN_WORK_PER_SPLIT cached tokens (per DCP rank): a plain
+    decode check adds a request past it, and a fault in the merge of the splits, invisible to the short
+    lengths (one split), fails the cell: decode and verify (rows flattened to decode rows), under DCP and in
+    ROCm's child process alike."""
+    rows = drive(".venv-vllm", "none:v2lite-decode", "none:v2lite-decode-dcp2", "none:v2lite-chain",
+                 "split-merge-drops-last-split:v2lite-decode", "split-merge-drops-last-split:v2lite-decode-dcp2",
+                 "split-merge-drops-last-split:v2lite-decode-gfx942", "split-merge-drops-last-split:v2lite-chain")
+    for scenario in ("none:v2lite-decode", "none:v2lite-decode-dcp2", "none:v2lite-chain"):
+        row = rows[scenario]
+        assert row["status"] == "verified" and row["schedule"] == {"num_kv_splits": [1, 2]}, row
+        assert row["variants"] == ["verified", "verified"], row  # the schedule case, then the short one
+    for scenario in ("split-merge-drops-last-split:v2lite-decode", "split-merge-drops-last-split:v2lite-decode-dcp2",
+                     "split-merge-drops-last-split:v2lite-decode-gfx942", "split-merge-drops-last-split:v2lite-chain"):
+        row = rows[scenario]
+        assert row["status"] == "failed" and not row["finding"] and row["message"].startswith("out: "), row
+        assert row["variants"] == ["failed", "verified"] and max(row["seqlens"]) >= 1024, row
+
+
 def test_merge_fault_reaches_distributed_ranks():
     """With --mla-dcp-mode=distributed each rank is its own process, the merge over real gloo collectives."""
     rows = drive(".venv-vllm", "none:v2lite-decode-dcp2", "merge-ignores-lse:v2lite-decode-dcp2",

@@ -15,6 +15,10 @@ Faults (what a buggy release could ship):
 
 * ``decode-drops-last-token``: ``decode_attention_fwd`` reads one key fewer
   per row (an off-by-one in the sequence lengths it is given).
+* ``split-merge-drops-last-split``: the second stage of ``decode_attention_fwd``
+  (``_decode_softmax_reducev_fwd``, the merge of a request's KV splits) leaves
+  the last split out whenever there is more than one: harmless at one split,
+  wrong from TRITON_MLA's split threshold on (a stale or dropped partial).
 * ``triton-mla-scale-x1.05`` / ``triton-attn-scale-x1.05``: TRITON_MLA's
   ``forward_mqa`` / TRITON_ATTN's ``forward`` pass their Triton kernel
   (``decode_attention_fwd`` / ``unified_attention``) the softmax scale × 1.05.
@@ -151,6 +155,15 @@ def _decode_fault(original: Any) -> Any:
         return original(q, k_buffer, v_buffer, o, lse, req_to_token, (b_seq_len - 1).clamp(min=1), *args, **kwargs)
 
     return decode_attention_fwd
+
+
+def _split_merge_fault(original: Any) -> Any:
+    def _decode_softmax_reducev_fwd(logits, q, o, lse, v_buffer, b_seq_len, num_kv_splits, *args, **kwargs):
+        if num_kv_splits > 1:  # the partials' LSEs sit in the last column: -inf drops the last split
+            logits[:, :, num_kv_splits - 1, -1] = float("-inf")
+        return original(logits, q, o, lse, v_buffer, b_seq_len, num_kv_splits, *args, **kwargs)
+
+    return _decode_softmax_reducev_fwd
 
 
 def _triton_mla_scale_fault(original: Any) -> Any:
@@ -327,6 +340,8 @@ def _indexer_drops_newest(original: Any) -> Any:
 FAULTS = {
     "decode-drops-last-token": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
                                 _decode_fault),
+    "split-merge-drops-last-split": ("vllm.v1.attention.ops.triton_decode_attention", "_decode_softmax_reducev_fwd",
+                                     _split_merge_fault),
     "triton-mla-scale-x1.05": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
                                _triton_mla_scale_fault),
     "triton-attn-scale-x1.05": ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention",
@@ -520,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"scenario": scenario, "status": record.get("status"), "finding": record.get("finding", False),
                           "level": record.get("level"), "emulated": record.get("emulated"),
                           "variants": [v.get("status") for v in record.get("variants") or []],
+                          "schedule": record.get("schedule"), "seqlens": (record.get("case") or {}).get("seqlens"),
                           "message": record.get("message"), "function": record.get("function"),
                           "functions": record.get("functions"), "max_abs": (errors.get("out") or {}).get("max_abs_err"),
                           "reason": record.get("reason")}), flush=True)

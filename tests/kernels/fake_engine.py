@@ -10,7 +10,9 @@ this "engine package" (``raise_in="cache-write"``: in its write of the cached to
 partial output it allocated and never wrote with weight 0 (verify_splitkv's skipped splits);
 ``tail="unmasked"`` reads the value rows of a request's whole last page, free slots included, with
 probability 0 (the shape of vLLM's XPU tensor-descriptor load: right on a zeroed cache, NaN on a poisoned one);
-``tail="weighted"`` gives them weight 0.5 (wrong on any cache).
+``tail="weighted"`` gives them weight 0.5 (wrong on any cache). ``splits_from=N`` gives it a split-KV
+schedule: a request of at least N cached tokens is computed in 2 splits, fewer in 1, and the counts are
+recorded (``RankResult.schedule``); ``split_merge="drop_last"`` then merges the splits without the last.
 """
 
 from __future__ import annotations
@@ -88,9 +90,14 @@ def run(inputs, ctx, options):
     device = inputs.q.device  # the harness moves the inputs to the GPU where there is one
     out = torch.zeros(b, s_q, h, inputs.head_dim_v, device=device)
     lse = torch.full((b, h, s_q), -math.inf, device=device)
+    splits_from, splits_seen = options.get("splits_from"), set()
     for i in range(b):
         n = int(inputs.cache_seqlens[i])
         mine = torch.arange(n, device=device)[torch.arange(n, device=device) % world == rank]
+        splits = 2 if splits_from and n >= splits_from else 1
+        splits_seen.add(splits)
+        if splits > 1 and options.get("split_merge") == "drop_last":  # the second half's partial left out
+            mine = mine[mine < -(-n // 2)]
         rows = _dense(inputs.kv_cache, inputs.block_table[i], n)[mine]
         if inputs.kv_scale is not None:
             rows = rows.float() * inputs.kv_scale
@@ -115,4 +122,5 @@ def run(inputs, ctx, options):
     if heads is not None:
         out, lse = out[:, :, heads[0]:heads[1]], lse[:, heads[0]:heads[1]]
     functions = (f"{PACKAGE}:decode_rank",) + ((f"{PACKAGE}:merge",) if world > 1 else ())
-    return RankResult(out.to(inputs.q.dtype), lse, heads, functions)
+    schedule = {"num_kv_splits": tuple(sorted(splits_seen))} if splits_from else {}
+    return RankResult(out.to(inputs.q.dtype), lse, heads, functions, schedule=schedule)

@@ -56,6 +56,43 @@ def test_merge_that_ignores_lse_is_caught():
     assert "out:" in rec["message"]
 
 
+@pytest.mark.parametrize("dcp", [1, 2])
+def test_a_split_merge_fault_fails_the_schedule_case_the_short_case_cannot_see(dcp):
+    """A backend that splits from 600 tokens: the check adds the schedule case (a request past the threshold,
+    one a token into a fresh page, one on a page boundary), runs it first and records the split counts."""
+    short = case(dcp)
+    assert max(short.seqlens) < 600
+    rec = run_engine_check(short, spec(splits_from=600, schedule_tokens=600))
+    assert rec["status"] == "verified", rec["message"]
+    assert rec["schedule"] == {"num_kv_splits": [1, 2]}
+    long_run, short_run = rec["variants"]
+    assert max(long_run["seqlens"]) >= 600 and long_run["schedule"] == {"num_kv_splits": [1, 2]}
+    page = short.page_size
+    assert page + 1 in long_run["seqlens"] and 2 * page in long_run["seqlens"]
+    assert short_run["schedule"] == {"num_kv_splits": [1]} and "seqlens" not in short_run
+    assert rec["case"]["seqlens"] == list(short.seqlens)  # the record leads with the short case when all pass
+    # the fault only a split shows: invisible without the schedule case, caught with it
+    assert run_engine_check(short, spec(splits_from=600, split_merge="drop_last"))["status"] == "verified"
+    faulty = run_engine_check(short, spec(splits_from=600, schedule_tokens=600, split_merge="drop_last"))
+    assert faulty["status"] == "failed" and faulty["message"].startswith("out:"), faulty
+    assert max(faulty["case"]["seqlens"]) >= 600  # the failing run leads the record
+    assert [v["status"] for v in faulty["variants"]] == ["failed", "verified"]
+
+
+def test_schedule_case_lengths_and_seed():
+    from pytest_mla.kernels.harness import CaseTooLarge, schedule_case
+
+    short = case(1)
+    long = schedule_case(short, 1024)
+    assert long.seqlens == (1, 1024 + short.page_size // 2 + 3, short.page_size + 1, 2 * short.page_size)
+    assert long.batch == 4 and long.seed != short.seed
+    assert schedule_case(short, 1024) == long  # a pure function of the case
+    verify = schedule_case(case(1, "eagle-1x3"), 1024)
+    assert min(verify.seqlens) == verify.s_q  # a verify request holds at least its query tokens
+    with pytest.raises(CaseTooLarge, match="at most"):
+        schedule_case(short, 10**6)
+
+
 def test_local_positions_under_dcp_and_spec_are_caught():
     assert run_engine_check(case(1, "eagle-1x3"), spec(positions="local"))["status"] == "verified"
     rec = run_engine_check(case(2, "eagle-1x3"), spec(positions="local"))

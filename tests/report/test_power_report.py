@@ -50,3 +50,26 @@ def test_html_details_name_each_fault_and_a_missed_one_loudly():
     assert "power: scale_x1.05 MISSED (cos 0.0003) · lse_base_swapped caught (cos 0.0003); margin 2x the tolerance" \
         in text
     assert "k_scale 1: verified, out max_abs_err 0.01 · cos_diff 2e-05" in text
+
+
+def test_split_schedules_reach_the_header_and_the_cell_details():
+    """``kernel.schedule`` (the split counts the engine handed its kernel) per backend; the schedule case's
+    lengths in the cell details."""
+    long = {"kv_scale": None, "status": "verified", "out_max_abs": 0.002, "out_cos_diff": 1e-6,
+            "seqlens": [1, 1035, 17, 32], "schedule": {"num_kv_splits": [2]}}
+    short = {"kv_scale": None, "status": "verified", "out_max_abs": 0.001, "out_cos_diff": 1e-6,
+             "schedule": {"num_kv_splits": [1]}}
+    kernels = {
+        "a": {**verified(), "kernel": "a", "schedule": {"num_kv_splits": [1, 2]}, "variants": [long, short]},
+        "b": {**verified(), "kernel": "b", "schedule": {"num_kv_splits": [1]}},
+        "c": {**verified(), "status": "failed", "schedule": {"num_kv_splits": [4]}},  # not verified: not counted
+    }
+    doc = document()
+    doc["cells"] = [record(c, kernel=kernels[c.backend]) for c in expand_cells(AXES)]
+    text = render_markdown(doc).replace("\\_", "_")
+    assert ("- split-KV schedules verified (the KV split counts the engine handed its decode kernel): "
+            "a 1, 2 (1 of 1 checks split a request); b 1 (0 of 1 checks split a request)") in text
+    details = describe_kernel(kernels["a"])
+    assert "  schedule: num_kv_splits 1, 2" in details
+    assert "  schedule case (seqlens 1, 1035, 17, 32): verified, out max_abs_err 0.002 · cos_diff 1e-06 · KV splits 2" \
+        in details

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+from ..common.schedule import SplitSchedule
+
 __all__ = ["BACKENDS", "Backend", "backend"]
 
 #: sgl-kernel's CPU attention ops, which IntelAMXAttnBackend decodes (and writes the new token's K/V) and
@@ -61,6 +63,8 @@ class Backend:
     #: CUDA code on another platform's device), ``unemulated kernels`` (kernels without an emulation yet).
     decodes_with: str | None = None
     missing_here: str = "library"
+    #: Its split-KV schedule (``common.schedule``): the split counts its decode kernel is handed are recorded.
+    schedule: SplitSchedule | None = None
 
     def __post_init__(self) -> None:
         if not self.class_name:
@@ -92,7 +96,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             ran_on_platform="SGLang's Triton kernels ran under Triton's interpreter on this host's CPU",
             cpu_platform_suffix=" (Triton has no compiler for the CPU platform)",
             decodes_with="TritonAttnBackend.forward_decode's Triton kernel (decode_attention_fwd)",
-            missing_here="device"),
+            missing_here="device",
+            # bound on the backend object (``self.decode_attention_fwd``); the counts, one per request, come from
+            # its get_num_kv_splits (the batch's length ratio and --triton-attention-num-kv-splits)
+            schedule=SplitSchedule(":decode_attention_fwd", "num_kv_splits")),
     Backend("torch_native", "TorchNativeAttnBackend", f"{_ATTENTION}.torch_native_backend", cpu_check="native",
             checked_on=("rocm", "cpu", "xpu"), ran_on_platform="torch ran on this host's CPU",
             decodes_with="TorchNativeAttnBackend.forward_decode (torch.nn.functional.scaled_dot_product_attention)",

@@ -27,6 +27,7 @@ from ...kernels.engine_runner import engine_step
 from ...kernels.inputs import free_slot_value
 from ..common import MODEL_CONFIGS
 from ..common.process_group import DcpGroup, torch_collectives_in_process
+from ..common.schedule import recorded_splits
 from ..common.shared_scope import SharedScope
 from .backends import backend
 from .batch import poison, write_loc
@@ -746,7 +747,7 @@ class RankSetup:
         context = fctx.forward_context(self._forward)
         self.activate()
         try:
-            with context:
+            with context, recorded_splits(backend(self.options["backend"]).schedule, owner=self.backend) as splits:
                 self.backend.init_forward_metadata(self.forward_batch)
                 if self.options["mla"]:
                     from .model import deepseek_attention
@@ -768,7 +769,8 @@ class RankSetup:
                 "sglang.srt.layers.dcp.comm:cp_lse_ag_out_rs_mha"
             functions = tuple(functions) + (merge,)
         return RankResult(out=result, lse=None, heads=self.heads if self.world > 1 else None,
-                          functions=tuple(functions), notes=tuple(self.notes()))
+                          functions=tuple(functions), notes=tuple(self.notes()),
+                          schedule={backend(self.options["backend"]).schedule.argument: tuple(splits)} if splits else {})
 
     def _new_kv(self, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K (and V) of the tokens this forward writes, in SGLang's token order, in the query dtype."""

@@ -20,6 +20,8 @@ import dataclasses
 import sys
 from typing import Any, Callable, Mapping
 
+from ..common.schedule import SplitSchedule
+
 #: Where vLLM's attention kernels live (``module:qualname`` prefixes of the records' kernels).
 ATTN_OPS = "vllm.v1.attention.ops"
 SPARSE_UTILS = "vllm.v1.attention.backends.mla.sparse_utils"
@@ -74,6 +76,9 @@ class Backend:
     #: interpreter cannot multiply fp8 operands (the query is exact in the cache's format, so its values are
     #: those a quantised query has).
     unquantised_query: bool = False
+    #: Its split-KV schedule (``common.schedule``): the split counts its decode kernel is handed are recorded,
+    #: and a check of plain decode adds the lengths that cross its split threshold (``harness.schedule_case``).
+    schedule: SplitSchedule | None = None
 
     def decode_kernels(self, dcp: bool) -> tuple[str, ...]:
         """What the MLA decode path runs besides ``function`` (``dcp``: under DCP), for the record."""
@@ -85,6 +90,20 @@ class Backend:
 
 
 _MLA = "vllm.v1.attention.backends.mla"
+
+
+def _triton_mla_split_from() -> int | None:
+    """The cached tokens (per rank) from which TRITON_MLA's ``forward_mqa`` hands ``decode_attention_fwd`` more
+    than one KV split: ``_compute_num_kv_splits`` takes ``next_power_of_2(max_seq_len // _MIN_WORK_PER_SPLIT)``,
+    2 from twice that work. None where the installed release has no such constant (an older vLLM splits
+    every request a fixed number of ways, which the recorded schedule shows)."""
+    import importlib
+
+    work = getattr(importlib.import_module(f"{_MLA}.triton_mla"), "_MIN_WORK_PER_SPLIT", None)
+    return 2 * int(work) if isinstance(work, int) and work > 0 else None
+
+
+_TRITON_MLA_SPLITS = SplitSchedule(f"{_MLA}.triton_mla:decode_attention_fwd", "num_kv_splits", _triton_mla_split_from)
 _CONVERT_INDEX = f"{SPARSE_UTILS}:triton_convert_req_index_to_global_index"
 _FLASH_ATTN_VARLEN = ("vllm.vllm_flash_attn:flash_attn_varlen_func", "vllm.vllm_flash_attn:get_scheduler_metadata")
 _AITER_DECODE = "aiter.mla.mla_decode_fwd"
@@ -93,7 +112,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # -- MLA models (``rank.run_mla``) --
     Backend("TRITON_MLA", "mla", f"{_MLA}.triton_mla:TritonMLAImpl.forward_mqa",
             kernels=(f"{ATTN_OPS}.triton_decode_attention:decode_attention_fwd",),
-            platforms=("rocm", "xpu"), compilation_blind=True),
+            platforms=("rocm", "xpu"), compilation_blind=True, schedule=_TRITON_MLA_SPLITS),
     Backend("FLASHMLA", "mla", f"{_MLA}.flashmla:FlashMLAImpl.forward_mqa",
             decode_calls=("torch.ops._flashmla_C:dense_decode_fwd", "torch.ops._flashmla_extension_C:fwd_kvcache_mla_fp8",
                           "torch.ops._flashmla_extension_C:get_mla_decoding_metadata_dense_fp8"),

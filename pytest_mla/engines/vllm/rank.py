@@ -25,6 +25,7 @@ import types
 from typing import Any, Iterator, Mapping
 
 from ..common.process_group import DcpGroup, PerThread, ThreadBound, torch_collectives_in_process
+from ..common.schedule import recorded_splits
 from ..common.shared_scope import SharedScope
 from . import backends, emulation
 from .batch import (dense_rows, fill_topk, impl_writes_tokens, nan_cache, new_tokens, rank_cache, rank_slots,
@@ -231,7 +232,8 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             if inputs.topk_indices is None:
                 raise AdapterError("kernel check", "a sparse model's check needs the harness's top-k selection")
             fill_topk(layer, inputs.topk_indices, b * s_q)
-        layer.forward_impl(q, k_c.to(device), k_pe.to(device), cache, metadata, output)
+        with recorded_splits(backends.backend(backend).schedule if not prefills else None) as splits:
+            layer.forward_impl(q, k_c.to(device), k_pe.to(device), cache, metadata, output)
         functions = ["vllm.model_executor.layers.attention.mla_attention:MLAAttention.forward_impl"]
         if prefills:
             function = emulation.prefill_function(backend, options.get("platform"))
@@ -248,7 +250,9 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         emulated = tuple(log.called) if log is not None else ()
         notes = tuple(host) + platform_notes(options)
     out = output.view(b, s_q, per, rank_dim)
-    return RankResult(out, None, heads if world > 1 else None, tuple(functions), notes=notes, emulated=emulated)
+    schedule = {backends.backend(backend).schedule.argument: tuple(splits)} if splits else {}
+    return RankResult(out, None, heads if world > 1 else None, tuple(functions), notes=notes, emulated=emulated,
+                      schedule=schedule)
 
 
 def _combine_name(combine: Any) -> str:
