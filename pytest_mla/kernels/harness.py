@@ -65,6 +65,9 @@ class KernelCase:
     #: 0 = dense. A check uses fewer than its requests hold (``SPARSE_CHECK_TOPK``), so that the selection
     #: is a strict subset; the engine's own index buffer may be wider (padded with -1).
     sparse_topk: int = 0
+    #: A schedule case (``schedule_case``): built for a backend that splits a request's KV from this many
+    #: cached tokens per rank, so its power includes a split merge that drops the last split; 0: not one.
+    split_from: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -72,6 +75,8 @@ class KernelCase:
         d["kv_scales"] = list(self.kv_scales)
         if not self.sparse_topk:
             del d["sparse_topk"]
+        if not self.split_from:
+            del d["split_from"]
         return d
 
 
@@ -118,9 +123,10 @@ def schedule_case(case: KernelCase, split_from: int) -> KernelCase:
         raise CaseTooLarge(f"a schedule case splitting from {split_from:,} tokens would need {long:,} tokens "
                            f"(at most {MAX_CHECK_TOKENS:,} here)")
     seqlens = (first, long, max(page + 1, first), max(2 * page, first))
-    fields = {**case.as_dict(), "seqlens": list(seqlens), "batch": len(seqlens)}
+    fields = {**case.as_dict(), "seqlens": list(seqlens), "batch": len(seqlens), "split_from": split_from}
     base = fields.pop("seed")
-    return dataclasses.replace(case, seqlens=seqlens, batch=len(seqlens), seed=_stable_seed(base, fields))
+    return dataclasses.replace(case, seqlens=seqlens, batch=len(seqlens), split_from=split_from,
+                               seed=_stable_seed(base, fields))
 
 
 def _int_coord(coords: Mapping[str, object], key: str, default: int) -> int:
@@ -266,7 +272,8 @@ def _generate_checked_inputs(case: KernelCase, tol_out: Any, kv_scale: float | s
     profiles = (DISCRIMINATING, *FALLBACK_PROFILES)
     for attempt, profile in enumerate(profiles, start=1):
         inputs = gen_case_inputs(case, profile, kv_scale)
-        power, magnitude = measure_power_and_magnitude(inputs, tol_out, dcp=(case.dcp, case.dcp_interleave))
+        power, magnitude = measure_power_and_magnitude(inputs, tol_out, dcp=(case.dcp, case.dcp_interleave),
+                                                       split_from=case.split_from)
         if not power["undetected"]:
             power["profile"] = profile.as_dict()
             power["attempts"] = attempt

@@ -17,7 +17,14 @@ tolerance does not count as seen:
 * ``merge_equal_weights`` (DCP): the ranks' partial outputs averaged instead
   of weighted by their LSEs;
 * ``lse_base_swapped`` (DCP): a base-2 LSE read as natural log in the merge
-  (vLLM PR 47079's bug).
+  (vLLM PR 47079's bug);
+* ``split_dropped`` (a schedule case, ``split_from``): a split-KV merge that
+  leaves out the last of two splits of each request long enough to split
+  (every rank's second half of its tokens; the threshold is per rank).
+
+A read one slot past a request's last token needs no planted fault: the
+check's free slots are NaN, so the output turns NaN (a server's zeroed slot
+would be a finite, smaller error; ``engine_check`` tells the two apart).
 
 Only the output is judged (every check compares it; not every engine path
 returns an LSE). Each fault is computed exactly, in float64, as the difference
@@ -42,7 +49,8 @@ __all__ = ["MARGIN", "PLANTED_FAULTS", "WeakCheck", "measure_power", "measure_po
 #: A fault counts as detected only if the check would fail it with every bound this many times looser.
 MARGIN = 2.0
 SCALE_ERROR = 1.05
-PLANTED_FAULTS = ("scale_x1.05", "misread_token", "mask_dropped", "merge_equal_weights", "lse_base_swapped")
+PLANTED_FAULTS = ("scale_x1.05", "misread_token", "mask_dropped", "merge_equal_weights", "lse_base_swapped",
+                  "split_dropped")
 
 
 class WeakCheck(Exception):
@@ -255,7 +263,7 @@ def output_magnitude(x: DecodeInputs, reqs: list[_Request] | None = None) -> tor
 
 
 def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1, 1),
-                  margin: float = MARGIN) -> dict[str, Any]:
+                  margin: float = MARGIN, split_from: int = 0) -> dict[str, Any]:
     """Which ``PLANTED_FAULTS`` the check of ``x`` (output compared with ``tol``) would catch.
 
     Returns ``{"margin", "faults": {name: {"detected", "max_abs", "cos_diff", ...}},
@@ -271,20 +279,36 @@ def measure_power(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1,
     ``tests/kernels/test_power_exact.py`` holds the result to a plain float64 computation of
     every perturbed output.
     """
-    return _measure(x, tol, dcp, margin, None)
+    return _measure(x, tol, dcp, margin, None, split_from)
 
 
 def measure_power_and_magnitude(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[int, int] = (1, 1),
-                                margin: float = MARGIN) -> tuple[dict[str, Any], torch.Tensor]:
+                                margin: float = MARGIN, split_from: int = 0) -> tuple[dict[str, Any], torch.Tensor]:
     """``measure_power`` and ``output_magnitude(x)`` (equal bit for bit) from one computation of the
     scores and weights: a check needs both, and the scores are the larger part of either."""
     b, s_q, h_q, _ = x.q.shape
     magnitude = torch.zeros(b, s_q, h_q, x.head_dim_v, dtype=torch.float64)
-    return _measure(x, tol, dcp, margin, magnitude), magnitude
+    return _measure(x, tol, dcp, margin, magnitude, split_from), magnitude
+
+
+def _split_dropped(r: _Request, out: torch.Tensor, owner: torch.Tensor, world: int, split_from: int,
+                   merge_ranks: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+    """How far the request's output moves when every rank holding at least ``split_from`` of its tokens
+    merges its two KV splits without the last (its second half of its tokens); None: no rank splits."""
+    keep = torch.ones(r.scores.shape[-1], dtype=torch.bool)
+    for rank in range(world):
+        mine = (owner == rank).nonzero().flatten()
+        if mine.numel() >= split_from:
+            keep[mine[-(-mine.numel() // 2):]] = False
+    if keep.all():
+        return None
+    if world == 1:
+        return _weighted(_softmax(r.scores[..., keep], r.visible[:, keep])[0], r.v[keep]) - out
+    return merge_ranks(keep, owner) - out
 
 
 def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: float,
-             magnitude_out: torch.Tensor | None) -> dict[str, Any]:
+             magnitude_out: torch.Tensor | None, split_from: int = 0) -> dict[str, Any]:
     """``measure_power``; fills ``magnitude_out`` (``[b, s_q, h_q, d_v]``) with ``output_magnitude(x)`` if given."""
     b, s_q, h_q, _ = x.q.shape
     world, interleave = dcp
@@ -298,6 +322,8 @@ def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: floa
         moved["mask_dropped"] = []
     if world > 1:
         moved["merge_equal_weights"], moved["lse_base_swapped"] = [], []
+    if split_from:
+        moved["split_dropped"] = []
     per_kind: dict[str, list[dict[str, Any]]] = {}
     misreads: list[tuple[str, _Part, torch.Tensor]] = []
     for i, r in enumerate(_requests(x)):
@@ -332,6 +358,22 @@ def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: floa
                     outs[rank] = _weighted(w_r, r.v[mine])
             moved["merge_equal_weights"].append((part, _merge(outs, lses, "equal") - out))
             moved["lse_base_swapped"].append((part, _merge(outs, lses, "base2_as_e") - out))
+        if split_from:
+            owner_of = (torch.arange(n) // interleave) % world
+
+            def merge_ranks(keep: torch.Tensor, owner: torch.Tensor, r=r) -> torch.Tensor:
+                outs = torch.zeros(world, h_q, s_q, d_v, dtype=torch.float64)
+                lses = torch.full((world, h_q, s_q), -math.inf, dtype=torch.float64)
+                for rank in range(world):
+                    mine = ((owner == rank) & keep).nonzero().flatten()
+                    if mine.numel():
+                        w_r, lses[rank] = _softmax(r.scores[..., mine], r.visible[:, mine])
+                        outs[rank] = _weighted(w_r, r.v[mine])
+                return _merge(outs, lses, "lse")
+
+            dropped = _split_dropped(r, out, owner_of, world, split_from, merge_ranks)
+            if dropped is not None:
+                moved["split_dropped"].append((part, dropped))
         for kind, (p, src) in _misread_positions(n, page_size).items():
             misreads.append((kind, part, _misread(r, weights, lse, out, p, src)))
 
@@ -345,8 +387,8 @@ def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: floa
         faults["misread_token"] = {"detected": not missed, "max_abs": weakest["max_abs"],
                                    "cos_diff": weakest["cos_diff"], "positions": sorted(per_kind),
                                    **({"missed": missed} if missed else {})}
-    for name in ("mask_dropped", "merge_equal_weights", "lse_base_swapped"):
-        if name in moved:
+    for name in ("mask_dropped", "merge_equal_weights", "lse_base_swapped", "split_dropped"):
+        if name in moved and (moved[name] or name != "split_dropped"):
             faults[name] = _effect(moved[name], ref_sq, tol, margin)
     return {"margin": margin, "faults": faults,
             "undetected": [name for name in PLANTED_FAULTS if name in faults and not faults[name]["detected"]]}

@@ -111,7 +111,7 @@ def test_fp8_queries_are_exact_in_the_cache_format_and_scales_are_as_asked():
 
 def test_power_of_the_new_inputs_covers_every_planted_fault():
     x = mla([4, 150], s_q=4, spec_topk=1, spec_steps=3, seed=7, dcp=(4, 1))
-    power = measure_power(x, BF16, dcp=(4, 1))
+    power = measure_power(x, BF16, dcp=(4, 1), split_from=32)  # 150 tokens over 4 ranks: each splits
     assert set(power["faults"]) == set(PLANTED_FAULTS)
     assert power["undetected"] == [], power
 

@@ -64,7 +64,7 @@ def attend(logits: torch.Tensor, visible: list[bool], values: torch.Tensor) -> t
 
 
 def outputs(x, *, factor: float = 1.0, misread: tuple[int, int, int] | None = None, unmasked: bool = False,
-            rank: tuple[int, int, int] | None = None, absolute: bool = False):
+            rank: tuple[int, int, int] | None = None, absolute: bool = False, dropped=None):
     """``(out [b, s_q, h_q, d_v], lse [b, h_q, s_q])`` with one fault applied.
 
     ``misread = (request, position, source)``: that request's token ``position`` reads ``source``'s
@@ -90,6 +90,8 @@ def outputs(x, *, factor: float = 1.0, misread: tuple[int, int, int] | None = No
             if rank is not None:
                 r, world, interleave = rank
                 seen = [s and (j // interleave) % world == r for j, s in enumerate(seen)]
+            if dropped is not None:
+                seen = [s and j not in dropped[i] for j, s in enumerate(seen)]
             for h in range(h_q):
                 kv = h // (h_q // h_kv)
                 logits = (k[:, kv] @ x.q[i, qi, h].to(torch.float64)) * x.softmax_scale * factor
@@ -119,6 +121,33 @@ def merged(x, world: int, interleave: int, how: str) -> torch.Tensor:
     return out
 
 
+def split_dropped(x, split_from: int, world: int, interleave: int) -> torch.Tensor | None:
+    """Each rank that holds at least ``split_from`` of a request's tokens splits them in two (its first
+    ceil(half) and the rest) and its merge drops the second; the ranks merged by their true LSEs."""
+    dropped = []
+    for n in x.cache_seqlens.tolist():
+        gone = set()
+        for r in range(world):
+            mine = [j for j in range(n) if (j // interleave) % world == r]
+            if len(mine) >= split_from:
+                gone |= set(mine[(len(mine) + 1) // 2:])
+        dropped.append(gone)
+    if not any(dropped):
+        return None
+    parts = [outputs(x, rank=(r, world, interleave), dropped=dropped) for r in range(world)]
+    b, s_q, h_q, d_v = parts[0][0].shape
+    out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float64)
+    for i in range(b):
+        for qi in range(s_q):
+            for h in range(h_q):
+                present = [(o[i, qi, h], float(lse[i, h, qi])) for o, lse in parts if lse[i, h, qi] > -math.inf]
+                if present:
+                    top = max(l for _, l in present)
+                    e = [math.exp(l - top) for _, l in present]
+                    out[i, qi, h] = sum(w / sum(e) * o for w, (o, _) in zip(e, present))
+    return out
+
+
 def verdict(faulty: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, tol: Tolerance, dtype: torch.dtype,
             dcp: bool) -> tuple[bool, float, float]:
     """``(fails at margin 2, max abs difference, cosine difference)`` by the check's rule, every bound doubled."""
@@ -131,7 +160,7 @@ def verdict(faulty: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, to
     return beyond or (tol.cos is not None and cos > MARGIN * tol.cos), float(err.max()), cos
 
 
-def expected_power(x, tol: Tolerance, world: int, interleave: int) -> dict:
+def expected_power(x, tol: Tolerance, world: int, interleave: int, split_from: int = 0) -> dict:
     """Every fault's verdict, as ``measure_power`` reports it, from the slow outputs."""
     ref, _ = outputs(x)
     magnitude, _ = outputs(x, absolute=True)
@@ -158,6 +187,10 @@ def expected_power(x, tol: Tolerance, world: int, interleave: int) -> dict:
     if world > 1:
         faults["merge_equal_weights"] = judge(merged(x, world, interleave, "equal"))
         faults["lse_base_swapped"] = judge(merged(x, world, interleave, "base2"))
+    if split_from:
+        faulty = split_dropped(x, split_from, world, interleave)
+        if faulty is not None:
+            faults["split_dropped"] = judge(faulty)
     return faults
 
 
@@ -168,9 +201,9 @@ def assert_same(got: dict, want: tuple[bool, float, float], label: str) -> None:
     assert math.isclose(got["cos_diff"], cos, rel_tol=6e-3, abs_tol=1e-15), (label, got, want)
 
 
-def assert_power_matches(x, tol: Tolerance, world: int = 1, interleave: int = 1) -> dict:
-    power = measure_power(x, tol, dcp=(world, interleave))
-    want = expected_power(x, tol, world, interleave)
+def assert_power_matches(x, tol: Tolerance, world: int = 1, interleave: int = 1, split_from: int = 0) -> dict:
+    power = measure_power(x, tol, dcp=(world, interleave), split_from=split_from)
+    want = expected_power(x, tol, world, interleave, split_from)
     assert set(power["faults"]) == set(want), (power, want)
     for name, expect in want.items():
         got = power["faults"][name]
@@ -222,6 +255,22 @@ def test_measured_power_equals_the_slow_computation(case, profile):
         power = assert_power_matches(x, tol, world, interleave)
         verdicts |= {f["detected"] for f in power["faults"].values()}
     assert verdicts == {True, False}  # the tolerances span caught and missed faults on every case
+
+
+@pytest.mark.parametrize("seqlens, kw, dcp, split_from", [
+    ([1, 60, 9, 16], {}, (1, 1), 40),
+    ([4, 61, 9, 16], {"s_q": 4, "spec_steps": 3}, (1, 1), 40),
+    ([1, 70, 9, 16], {}, (2, 1), 30),
+    ([1, 70, 9, 16], {}, (2, 4), 30),
+    ([1, 20, 9, 16], {}, (1, 1), 40),  # no request reaches the threshold: no split fault
+])
+def test_a_split_merge_that_drops_the_last_split_is_measured_exactly(seqlens, kw, dcp, split_from):
+    x = small(seqlens, DISCRIMINATING, seed=11, dcp=dcp, **kw)
+    for tol in (TIGHT, BF16, LOOSE):
+        power = assert_power_matches(x, tol, *dcp, split_from=split_from)
+        assert ("split_dropped" in power["faults"]) == (max(seqlens) // dcp[0] >= split_from)
+    if max(seqlens) // dcp[0] >= split_from:
+        assert assert_power_matches(x, BF16, *dcp, split_from=split_from)["faults"]["split_dropped"]["detected"]
 
 
 def test_a_non_causal_multi_query_case_has_no_mask_fault_and_the_rest_match():
