@@ -31,7 +31,8 @@ from .core.records import CellRecord, KernelResult, new_record, not_run, stable_
 from .core.rules import Expectation
 from .core.sample import covering_sample
 from .core.verdicts import ACCEPTED, CRASHED, ERROR, FAIL, KERNEL_FAILED, PASS, SKIP, Outcome, judge
-from .engines.protocol import AdapterError, Configured, Engine, KernelSpec, UnreachableError, optional_step
+from .engines.protocol import (AdapterError, Configured, Engine, KernelSpec, NotServedError, UnreachableError,
+                               optional_step)
 from .engines.registry import EngineNotFoundError, EngineUnavailableError, check_adapter, load_engine
 from .options import Settings, selected_axes
 from .report.results import write_json_atomic
@@ -208,6 +209,10 @@ class MatrixRun:
             outcome = protocol_outcome(engine, configured) or Outcome(ACCEPTED, backends=dict(configured.backends))
             if outcome.kind != ACCEPTED:
                 configured = None
+        except NotServedError as exc:  # the engine serves the model with other attention: no backend sees it
+            record.update(outcome=Outcome.from_exception(exc, crashed=True).as_dict(), verdict=SKIP,
+                          reason=f"not served: {exc}")
+            return
         except UnreachableError as exc:  # the engine's code needs another platform's library: not checkable here
             record.update(outcome=Outcome.from_exception(exc, crashed=True).as_dict(), verdict=SKIP,
                           reason=f"unreachable on this host: {exc}")

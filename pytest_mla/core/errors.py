@@ -62,6 +62,33 @@ class UnreachableError(AdapterError):
     """
 
 
+class NotServedError(AdapterError):
+    """The engine serves the cell's model without the attention the matrix covers: its own model code
+    decides (vLLM's ``ModelConfig.use_mla`` is False for MiniCPM3, whose model class builds standard
+    ``Attention`` layers), so none of the matrix's MLA backends ever sees the model.
+
+    Not a refusal (no backend was asked) and not the adapter's failure: the cell's verdict is ``skip``,
+    its reason this message, naming the engine's decision and where it is made.
+    """
+
+    def __init__(self, model: str, message: str, *, engine: str | None = None, version: str | None = None) -> None:
+        self.model, self.reason = model, message
+        where = f"{engine} {version}" if engine and version else (engine or "the engine")
+        Exception.__init__(self, f"{where} does not serve {model} with MLA: {message}")
+        self.step, self.engine, self.version = "config", engine, version
+
+
+class StubCalled(Exception):
+    """The engine called a function of a library this host lacks, which pytest-mla answered with an
+    import stub (``engines.common.import_stubs``): nothing ran in its place. A kernel check that meets
+    one is ``not-run`` naming the function (``engine_check``), never the engine's finding."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"{name} is an import stub (pytest-mla): the engine called a function of a library "
+                         "this host lacks, and nothing emulates it")
+
+
 #: What an adapter or engine may raise at any protocol step (import, construction, ``configure``,
 #: the optional methods) that ends that step and not the session: any error, and ``SystemExit`` (a
 #: library calling ``sys.exit()`` at import or in a step must not end the run green or unreported).

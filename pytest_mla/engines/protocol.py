@@ -21,10 +21,10 @@ import functools
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 __all__ = ["AdapterError", "Configured", "ENGINE_PACKAGE_MODULES", "Engine", "KernelSpec", "OPTIONAL_STEPS",
-           "UnreachableError", "optional_step"]
+           "NotServedError", "UnreachableError", "optional_step"]
 
 from ..core.cells import Cell
-from ..core.errors import AdapterError, UnreachableError
+from ..core.errors import AdapterError, NotServedError, UnreachableError
 from ..core.kernelspec import KernelSpec
 from ..core.models import ModelConfig
 

@@ -328,12 +328,15 @@ def _engine_rank(args: argparse.Namespace, runner: Any, device: torch.device, nc
         with interpreter_fixes(where), poisoned_scratch():
             result = runner(inputs, ctx, problem["options"])
     except BaseException as exc:
+        from ..core.errors import StubCalled
         from .emulated.glue import OutOfContractError
 
         info = {"error": type(exc).__name__, "text": str(exc), "function": engine_function_of(exc, args.package),
                 "frames": list(engine_frames_of(exc, args.package)), "step": step_of_exception(exc)}
         if isinstance(exc, OutOfContractError):  # as engine_check does (an OutOfRangeRead is the engine's finding)
             info = {"error": "EngineCannotRun", "text": f"emulated kernel out of contract: {exc}", "function": None}
+        if isinstance(exc, StubCalled):  # a library this host lacks, nothing in its place (as engine_check)
+            info = {"error": "EngineCannotRun", "text": str(exc), "function": None}
         with open(os.path.join(args.dir, f"rank{args.rank}.raised.json"), "w", encoding="utf-8") as f:
             json.dump(info, f)
         raise

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..core.errors import AdapterError
+from ..core.errors import AdapterError, StubCalled
 from ..core.kernelspec import KernelSpec
 from .collectives import Collectives, run_ranks_in_process
 from .engine_runner import BackendRaised, EngineCannotRun, EngineRunner, RankContext, RankResult, engine_function_of
@@ -167,6 +167,8 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
                 raise BackendRaised.from_exception(exc, spec.package, collectives.rank) from exc
             except OutOfContractError as exc:  # an emulation asked for what it does not model: not-run, never a pass
                 raise EngineCannotRun(f"emulated kernel out of contract: {exc}") from exc
+            except StubCalled as exc:  # a library this host lacks, nothing in its place: not-run, never a finding
+                raise EngineCannotRun(str(exc)) from exc
             except BaseException as exc:
                 own = isinstance(exc, (AdapterError, EngineCannotRun))
                 if not own and engine_function_of(exc, spec.package) is not None:

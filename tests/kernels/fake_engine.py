@@ -40,6 +40,10 @@ def decode_rank(q, rows, d_v, positions, seqlen, scale, tree_mask, raise_in):
         from pytest_mla.kernels.emulated.glue import OutOfContractError
 
         raise OutOfContractError("page_size", "16: the kernel supports pages of 64 tokens only")
+    if raise_in == "stub":  # a function of a library this host lacks, answered by an import stub
+        from pytest_mla.engines.common.import_stubs import StubModule
+
+        out, lse = StubModule("flashinfer_stand_in").trtllm_ragged_attention_deepseek(rows, q)
     if raise_in == "out-of-range":  # the engine handed an emulated kernel a page id outside the cache
         from pytest_mla.kernels.emulated.glue import OutOfRangeRead
 

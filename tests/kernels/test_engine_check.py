@@ -138,6 +138,18 @@ def test_emulation_out_of_contract_is_not_run_never_a_finding(dcp_mode):
 
 
 @pytest.mark.parametrize("dcp_mode", ["in-process", "distributed"])
+def test_a_call_into_an_import_stub_is_not_run_never_a_finding(dcp_mode):
+    """The engine calls a function of a library this host lacks (vLLM's sm100 MLA prefill for GLM's dims calls
+    FlashInfer's trtllm_ragged_attention_deepseek): not-run naming it, not the TypeError a placeholder object
+    would have caused later in the engine's code."""
+    from pytest_mla.kernels.engine_runner import EngineCannotRun
+
+    with pytest.raises(EngineCannotRun, match=r"^flashinfer_stand_in\.trtllm_ragged_attention_deepseek is an import "
+                                              r"stub \(pytest-mla\): the engine called a function"):
+        run_engine_check(case(2), spec(raise_in="stub"), dcp_mode=dcp_mode, timeout_s=120)
+
+
+@pytest.mark.parametrize("dcp_mode", ["in-process", "distributed"])
 def test_out_of_range_index_the_engine_hands_an_emulation_is_its_finding(dcp_mode):
     with pytest.raises(BackendRaised) as info:
         run_engine_check(case(2), spec(raise_in="out-of-range"), dcp_mode=dcp_mode, timeout_s=120)

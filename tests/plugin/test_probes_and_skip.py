@@ -246,3 +246,53 @@ def test_a_cell_the_engine_cannot_reach_here_is_skipped_naming_the_import(pytest
                              "deepseek-v3/plain/dcp1/none/gfx942": "pass"}
     skipped = next(c for c in doc["cells"] if c["verdict"] == "skip")
     assert skipped["outcome"]["error"] == "UnreachableError" and "'aiter'" in skipped["outcome"]["message"]
+
+
+NOT_SERVED_CONFTEST = '''
+from pytest_mla.engines.protocol import Configured, NotServedError
+
+
+class FamiliesEngine:
+    name = "families"
+    version = "2.1"
+    refusal_errors = (ValueError,)
+
+    def configure(self, cell, model):
+        if cell.model == "minicpm3-4b":
+            raise NotServedError(cell.model, "its model class builds standard Attention layers (minicpm3.py)",
+                                 engine="families", version="2.1")
+        if cell.backend == "mla_only" and not model.mla:
+            raise ValueError("mla_only needs an MLA model")
+        return Configured({"decode": cell.backend}, kernel_reason="no kernel here")
+
+    def metadata(self):
+        return {}
+
+
+def pytest_mla_engines(config):
+    return {"families": FamiliesEngine}
+'''
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_a_model_the_engine_serves_without_mla_is_skipped_naming_its_decision(pytester, xdist):
+    """Neither a refusal nor a crash: every cell of the model is a skip whose reason says the engine does not
+    serve it with MLA, and the report holds them (the family is reported, not silently absent)."""
+    pytester.makeconftest(NOT_SERVED_CONFTEST)
+    text = matrix(["mla_only"], engine="families", archs=("sm90",)).replace(
+        'model = ["deepseek-v3"]', 'model = ["deepseek-v3", "minicpm3-4b", "llama-3.1-8b"]')
+    pytester.makefile(".toml", m=text + '''
+        [[rule]]
+        when = { backend = "mla_only", "model.mla" = false }
+        reject = { error = "ValueError", message = "mla_only needs an MLA model" }
+    ''')
+    result = pytester.runpytest("--mla-matrix=m.toml", "-rs", *xdist)
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*not served: families 2.1 does not serve minicpm3-4b with MLA: its model class "
+                                 "builds standard Attention layers (minicpm3.py)*"])
+    doc = read_report(pytester)
+    assert verdicts(doc) == {"deepseek-v3/mla_only/dcp1/none/sm90": "pass",
+                             "minicpm3-4b/mla_only/dcp1/none/sm90": "skip",
+                             "llama-3.1-8b/mla_only/dcp1/none/sm90": "pass"}
+    skipped = next(c for c in doc["cells"] if c["verdict"] == "skip")
+    assert skipped["outcome"]["error"] == "NotServedError"

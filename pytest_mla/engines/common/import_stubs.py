@@ -1,7 +1,9 @@
 """Import stubs for CUDA-linked modules that block importing a real engine on a CPU machine.
 
 A stub answers ``import NAME`` and ``import NAME.anything`` with modules whose
-attributes are inert placeholders (classes that cannot do anything useful).
+attributes are inert placeholders (classes that cannot do anything useful; a
+placeholder called as a function, a lower-case name, returns a ``StubResult``,
+whose first use raises ``StubCalled``).
 Only modules that are imported for their names, never called during argument
 validation, may be stubbed; each adapter lists its stubs in ``metadata()``.
 
@@ -19,6 +21,15 @@ from typing import Any, Iterable, Mapping
 
 
 class _PlaceholderMeta(type):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A placeholder class is built (its engine may subclass or instantiate it); a placeholder for a
+        function (a lower-case name) returns a ``StubResult``: the engine may call it for its side effect
+        (a warm-up) or keep its answer, but any use of the answer raises ``StubCalled`` naming the
+        function, where a placeholder object would have let the engine go on and fail far from the call."""
+        if cls.__module__ == "stub" and cls.__qualname__.rsplit(".", 1)[-1][:1].islower():
+            return StubResult(cls.__qualname__)
+        return super().__call__(*args, **kwargs)
+
     def __getattr__(cls, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
@@ -40,6 +51,35 @@ class _Placeholder(metaclass=_PlaceholderMeta):
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(type(self), name)
+
+
+class StubResult:
+    """What a placeholder function returned: using it (unpacking, indexing, arithmetic, a tensor op,
+    an attribute) raises ``StubCalled`` naming the function; keeping it or dropping it does not."""
+
+    __slots__ = ("_stub_name",)
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "_stub_name", name)
+
+    def _used(self, *args: Any, **kwargs: Any) -> Any:
+        from ...core.errors import StubCalled
+
+        raise StubCalled(object.__getattribute__(self, "_stub_name"))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._used()
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        stub = next(a for a in list(args) + list((kwargs or {}).values()) if isinstance(a, StubResult))
+        return stub._used()
+
+    __iter__ = __getitem__ = __len__ = __call__ = __int__ = __float__ = __index__ = _used
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _used
+    __floordiv__ = __mod__ = __pow__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __matmul__ = _used
 
 
 def _placeholder(qualname: str) -> type:

@@ -15,7 +15,7 @@ cell's numeric check, run on the child's platform: the kernel record, whatever
 happened in the check). ``configure`` answers the ``Configured`` record, or
 the exception it raised, which the parent raises again with the same type name and text (the
 engine's refusal types and pytest-mla's ``AdapterError`` /
-``UnreachableError`` as themselves; any other type as a class of that name,
+``UnreachableError`` / ``NotServedError`` as themselves; any other type as a class of that name,
 so a crash reads as it would have in the parent). A child that dies, or a
 cell that times out while the child works, ends that child; the next cell of
 its platform starts a fresh one. A check whose child dies is a crashed kernel
@@ -38,7 +38,7 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
-from ...core.errors import AdapterError, UnreachableError
+from ...core.errors import AdapterError, NotServedError, UnreachableError
 
 __all__ = ["PlatformProcess", "main"]
 
@@ -124,7 +124,7 @@ def _answer(reply: tuple[Any, ...]) -> Any:
         return reply[1]
     _, type_name, text, adapter = reply
     if adapter is not None:  # pytest-mla's own: rebuilt with its step, engine and version
-        cls = UnreachableError if type_name == "UnreachableError" else AdapterError
+        cls = {"UnreachableError": UnreachableError, "NotServedError": NotServedError}.get(type_name, AdapterError)
         exc = cls.__new__(cls)
         Exception.__init__(exc, text)
         exc.step, exc.engine, exc.version = adapter

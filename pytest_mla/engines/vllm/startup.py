@@ -93,7 +93,7 @@ import warnings
 from typing import Any, Callable, Iterator
 
 from ...core.cells import Cell
-from ...core.errors import AdapterError, UnreachableError
+from ...core.errors import AdapterError, NotServedError, UnreachableError
 from ...core.models import ModelConfig
 from ...core.spec import parse_spec
 from ..common import quiet as _quiet
@@ -726,11 +726,20 @@ class VLLMStartup:
         if model.name not in self._model_views:
             hf_config = self._hf_config(model)
             view = self._model_view_cls(hf_config, self._torch.bfloat16, self._model_info(hf_config))
-            if view.use_mla != model.mla:
+            if view.use_mla != model.mla and model.mla:  # vLLM's own model code serves it otherwise
+                self._model_views[model.name] = NotServedError(
+                    model.name, f"vLLM's ModelConfig.use_mla is False for its {hf_config.model_type!r} config "
+                                f"({hf_config.architectures[0]}): vLLM serves it with standard attention, so no MLA "
+                                "backend sees it (config/model.py, is_deepseek_mla)", engine="vllm", version=self.version)
+            elif view.use_mla != model.mla:
                 raise self.fail("config", f"model {model.name!r}: the catalogue says mla={model.mla}, "
                                            f"vLLM's ModelConfig.use_mla says {view.use_mla}")
-            self._model_views[model.name] = view
-        return copy.copy(self._model_views[model.name])  # what vLLM sets on it stays with the cell
+            else:
+                self._model_views[model.name] = view
+        view = self._model_views[model.name]
+        if isinstance(view, NotServedError):  # a fresh one per cell: a raised exception keeps its traceback
+            raise NotServedError(view.model, view.reason, engine="vllm", version=self.version)
+        return copy.copy(view)  # what vLLM sets on it stays with the cell
 
     def _hf_config(self, model: ModelConfig) -> Any:
         """The shipped ``config.json`` through vLLM's loader; a ``[models]`` entry gets one from its fields.
