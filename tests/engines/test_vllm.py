@@ -560,3 +560,34 @@ def test_an_engine_the_adapter_cannot_drive_is_error_naming_step_and_version(pyt
         assert cell["verdict"] == "error", cell
         assert cell["outcome"]["kind"] == "crashed" and cell["outcome"]["error"] == "AdapterError"
         assert cell["reason"] == expected
+
+
+def test_glm_is_served_with_mla_and_minicpm3_is_not():
+    """Read in vLLM 0.34.0's source: config/model.py's is_deepseek_mla lists glm4_moe_lite and not minicpm3
+    (minicpm3.py builds standard Attention layers); TOKENSPEED_MLA needs qk_nope_head_dim 128
+    (tokenspeed_mla.py supports_combination), FLASHINFER_MLA_SPARSE 128 or 192 and an index_topk
+    (flashinfer_mla_sparse.py); GLM-4.7-Flash's geometry is 512 + 64 latent, 192/64/256, 20 heads. Its sm100
+    verify prefill (TRTLLM_RAGGED) calls FlashInfer's trtllm_ragged_attention_deepseek, which this host lacks."""
+    _, cells = committed_slice(
+        "vllm-0.34.0", "--mla-select=model=minicpm3-4b,glm-4.7-flash", "--mla-select=dcp=1,2",
+        "--mla-select=backend=TRITON_MLA,TOKENSPEED_MLA,FLASHINFER_MLA_SPARSE,FLASHMLA",
+        "--mla-select=arch=sm90,sm100", "--mla-select=kv_dtype=auto,fp8", "--mla-select=page_size=64")
+
+    def cell(model, backend, arch, dcp=1, spec="none", kv="auto"):
+        return cells[f"{model}/{backend}/dcp{dcp}/{spec}/{arch}/kv-{kv}/page64"]
+
+    minicpm3 = [c for c in cells.values() if c["coords"]["model"] == "minicpm3-4b"]
+    assert minicpm3 and all(c["verdict"] == "skip" and c["outcome"]["error"] == "NotServedError" for c in minicpm3)
+    assert "use_mla is False" in minicpm3[0]["reason"] and "standard attention" in minicpm3[0]["reason"]
+    triton = cell("glm-4.7-flash", "TRITON_MLA", "sm90")["kernel"]
+    assert triton["status"] == "verified" and triton["level"] == "backend", triton
+    assert (triton["case"]["d_qk"], triton["case"]["d_v"], triton["case"]["h_q"]) == (576, 512, 20)
+    assert triton["schedule"] == {"num_kv_splits": [1, 2]}  # the schedule case split its long request
+    assert cell("glm-4.7-flash", "FLASHMLA", "sm90")["kernel"]["status"] == "verified"
+    tokenspeed = cell("glm-4.7-flash", "TOKENSPEED_MLA", "sm100", kv="fp8")["outcome"]
+    assert tokenspeed["kind"] == "rejected" and "got (192, 64, 256)" in tokenspeed["message"], tokenspeed
+    sparse = cell("glm-4.7-flash", "FLASHINFER_MLA_SPARSE", "sm100")["outcome"]
+    assert "FlashInfer MLA Sparse requires model with index_topk config" in sparse["message"], sparse
+    verify = cell("glm-4.7-flash", "TRITON_MLA", "sm100", dcp=2, spec="eagle-1x3")["kernel"]
+    assert verify["status"] == "not-run", verify
+    assert "flashinfer.prefill.trtllm_ragged_attention_deepseek is an import stub" in verify["reason"], verify

@@ -99,9 +99,10 @@ def outputs(x, *, factor: float = 1.0, misread: tuple[int, int, int] | None = No
     return out, lse
 
 
-def merged(x, world: int, interleave: int, how: str) -> torch.Tensor:
-    """The ranks' partials merged with equal weights, or with each LSE divided by ln 2 (base 2 read as e)."""
-    parts = [outputs(x, rank=(r, world, interleave)) for r in range(world)]
+def merged(x, world: int, interleave: int, how: str, dropped=None) -> torch.Tensor:
+    """The ranks' partials merged with equal weights (``"equal"``), with each LSE divided by ln 2 (``"base2"``:
+    base 2 read as e), or by their true LSEs (``"lse"``); ``dropped``: the tokens each request leaves out."""
+    parts = [outputs(x, rank=(r, world, interleave), dropped=dropped) for r in range(world)]
     b, s_q, h_q, d_v = parts[0][0].shape
     out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float64)
     for i in range(b):
@@ -113,7 +114,7 @@ def merged(x, world: int, interleave: int, how: str) -> torch.Tensor:
                 if how == "equal":
                     weights = [1.0 / len(present)] * len(present)
                 else:
-                    scaled = [lse_r / math.log(2.0) for _, lse_r in present]
+                    scaled = [lse_r / (math.log(2.0) if how == "base2" else 1.0) for _, lse_r in present]
                     top = max(scaled)
                     e = [math.exp(s - top) for s in scaled]
                     weights = [w / sum(e) for w in e]
@@ -132,20 +133,7 @@ def split_dropped(x, split_from: int, world: int, interleave: int) -> torch.Tens
             if len(mine) >= split_from:
                 gone |= set(mine[(len(mine) + 1) // 2:])
         dropped.append(gone)
-    if not any(dropped):
-        return None
-    parts = [outputs(x, rank=(r, world, interleave), dropped=dropped) for r in range(world)]
-    b, s_q, h_q, d_v = parts[0][0].shape
-    out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float64)
-    for i in range(b):
-        for qi in range(s_q):
-            for h in range(h_q):
-                present = [(o[i, qi, h], float(lse[i, h, qi])) for o, lse in parts if lse[i, h, qi] > -math.inf]
-                if present:
-                    top = max(l for _, l in present)
-                    e = [math.exp(l - top) for _, l in present]
-                    out[i, qi, h] = sum(w / sum(e) * o for w, (o, _) in zip(e, present))
-    return out
+    return merged(x, world, interleave, "lse", dropped) if any(dropped) else None
 
 
 def verdict(faulty: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, tol: Tolerance, dtype: torch.dtype,
