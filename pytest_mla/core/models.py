@@ -36,8 +36,10 @@ _INT_FIELDS = (
 #: DeepSeek sparse attention (DSA): the lightning indexer's fields, as the checkpoint's
 #: ``config.json`` names them. All three or none; a model with them is a sparse MLA model.
 INDEXER_FIELDS = ("index_topk", "index_n_heads", "index_head_dim")
-#: Fields a rule can test (``model.<field>``); ``quantization`` reads as the method name or "none".
-MODEL_FIELDS = ("mla", *_INT_FIELDS, "quantization", "mtp_layers")
+#: Fields a rule can test (``model.<field>``); ``quantization`` reads as the method name or "none";
+#: ``head_size`` is derived: the head size the attention layer is built with and a backend's head-size check
+#: reads (an MLA layer's cached row, ``kv_lora_rank + qk_rope_head_dim``: 576 for DeepSeek; ``head_dim`` otherwise).
+MODEL_FIELDS = ("mla", *_INT_FIELDS, "head_size", "quantization", "mtp_layers")
 #: Keys of a ``[models.NAME]`` table.
 ENTRY_FIELDS = ("mla", *_INT_FIELDS, "rope_scaling", "quantization", "mtp_layers", "q_lora_rank")
 
@@ -177,6 +179,8 @@ class ModelConfig:
             raise KeyError(key)
         if key == "quantization":
             return self.quant_method
+        if key == "head_size":
+            return self.d_qk
         return getattr(self, key)
 
     def config_json(self) -> dict[str, Any]:

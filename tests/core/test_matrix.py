@@ -115,6 +115,27 @@ def test_models_table_adds_to_the_catalogue(tmp_path):
     assert m.size == 3 * 3 * 3 * 3 * 2
 
 
+def test_model_head_size_is_what_an_attention_layer_is_built_with(tmp_path):
+    """``model.head_size``: an MLA layer's cached row (kv_lora_rank + qk_rope_head_dim: DeepSeek 576, Mistral
+    Small 4's 256 + 64 = 320), a GQA layer's head_dim (Llama 128); a backend listing head sizes refuses others."""
+    axes = AXES.replace('"llama-3.1-8b"]', '"llama-3.1-8b", "mistral-small-4"]')
+    m = load_matrix(write(tmp_path, """
+        [[rule]]
+        when = { backend = "fa3" }
+        reject = { error = "ValueError", message = "Reason: {reasons}" }
+        reasons = [
+          { when = { "model.head_size" = { not = [512, 576] } }, text = "head_size {model.head_size} not supported" },
+          { when = { dcp = ">1" }, text = "DCP not supported" },
+        ]
+    """, axes=axes))
+    for model, head_size in (("deepseek-v3", 576), ("mistral-small-4", 320), ("llama-3.1-8b", 128)):
+        assert m.models[model].field("head_size") == head_size
+    assert m.expectation(Cell("deepseek-v3", "fa3", 1, "none", "sm90")).kind == "accept"
+    assert m.expectation(Cell("mistral-small-4", "fa3", 2, "none", "sm90")).message == \
+        "Reason: ['head_size 320 not supported', 'DCP not supported']"
+    assert m.expectation(Cell("llama-3.1-8b", "fa3", 1, "none", "sm90")).message == "Reason: ['head_size 128 not supported']"
+
+
 # -- every mistake says where ---------------------------------------------------------------
 
 def test_unknown_axis_value_names_file_line_path_and_known_values(tmp_path):
