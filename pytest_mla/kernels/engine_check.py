@@ -77,7 +77,7 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
     ensure_triton_mode()
     tol = tolerance_for(case.dtype, case.kv_dtype, fp8_dots=spec.fp8_dots)
     records = []
-    split_from = spec.option_map.get("schedule_tokens")
+    split_from = spec.option_map.get("split_from")  # the backend splits from this many cached tokens per rank
     if split_from:  # the lengths that take the backend's split schedule first: a failure there leads the record
         long = schedule_case(case, int(split_from))
         kv_scale = kv_scale_variants(long)[0]

@@ -112,13 +112,16 @@ def _check_seqlens(s_q: int, dcp: int, page_size: int, interleave: int) -> tuple
 
 def schedule_case(case: KernelCase, split_from: int) -> KernelCase:
     """``case`` with the lengths that take a kernel's other schedules (issue 40): one request long enough
-    that a backend splitting its KV from ``split_from`` cached tokens splits it (ending mid-page), one
+    that a backend splitting its KV from ``split_from`` cached tokens per DCP rank splits it on every rank
+    (ending mid-page), one
     that ends one token into a fresh page, one that ends exactly on a page boundary, and the shortest
     (one token, or ``s_q`` under speculative verify). Same heads, dims, dtypes and DCP layout; its own
     seed, derived like every case's from the numbers.
     """
     page, first = case.page_size, max(case.s_q, 1)
-    long = max(split_from, MIN_LONG) + case.dcp * max(page, case.dcp_interleave) // 2 + 3
+    # every rank holds at least split_from of it: a rank's share of a cyclic or block-interleaved layout is
+    # within one interleave block of long / dcp
+    long = max(split_from * case.dcp, MIN_LONG) + case.dcp * max(page, case.dcp_interleave) + 3
     if long > MAX_CHECK_TOKENS:
         raise CaseTooLarge(f"a schedule case splitting from {split_from:,} tokens would need {long:,} tokens "
                            f"(at most {MAX_CHECK_TOKENS:,} here)")
@@ -284,7 +287,8 @@ def _generate_checked_inputs(case: KernelCase, tol_out: Any, kv_scale: float | s
 
 def merge_variants(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One kernel record from the runs of a case's ``kv_scale_variants`` and its ``schedule_case`` (verified
-    only if every run is; ``schedule``: every split count the runs handed their kernel)."""
+    only if every run is; ``schedule``: every split count the runs handed their kernel; ``power``: the
+    record shown's faults, plus those only another run's case has)."""
     if len(records) == 1:
         return records[0]
     failing = [r for r in records if r["status"] != "verified"]
@@ -300,7 +304,11 @@ def merge_variants(records: list[dict[str, Any]]) -> dict[str, Any]:
         main["schedule"] = schedule
     main["time_s"] = round(sum(r["time_s"] for r in records), 4)
     undetected = sorted({u for r in records for u in r["power"]["undetected"]})
-    main["power"] = {**main["power"], "undetected": undetected}
+    faults = dict(main["power"]["faults"])
+    for r in records:  # a fault only another run's case can show (a schedule case's split_dropped)
+        for name, fault in r["power"]["faults"].items():
+            faults.setdefault(name, fault)
+    main["power"] = {**main["power"], "faults": faults, "undetected": undetected}
     return main
 
 

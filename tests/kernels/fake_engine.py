@@ -11,7 +11,7 @@ partial output it allocated and never wrote with weight 0 (verify_splitkv's skip
 ``tail="unmasked"`` reads the value rows of a request's whole last page, free slots included, with
 probability 0 (the shape of vLLM's XPU tensor-descriptor load: right on a zeroed cache, NaN on a poisoned one);
 ``tail="weighted"`` gives them weight 0.5 (wrong on any cache). ``splits_from=N`` gives it a split-KV
-schedule: a request of at least N cached tokens is computed in 2 splits, fewer in 1, and the counts are
+schedule: a request of which the rank holds at least N cached tokens is computed in 2 splits, fewer in 1, and the counts are
 recorded (``RankResult.schedule``); ``split_merge="drop_last"`` then merges the splits without the last.
 """
 
@@ -98,7 +98,7 @@ def run(inputs, ctx, options):
     for i in range(b):
         n = int(inputs.cache_seqlens[i])
         mine = torch.arange(n, device=device)[torch.arange(n, device=device) % world == rank]
-        splits = 2 if splits_from and n >= splits_from else 1
+        splits = 2 if splits_from and len(mine) >= splits_from else 1  # per rank, as vLLM's threshold
         splits_seen.add(splits)
         if splits > 1 and options.get("split_merge") == "drop_last":  # the second half's partial left out
             mine = mine[mine < -(-n // 2)]

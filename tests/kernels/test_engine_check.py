@@ -60,20 +60,21 @@ def test_merge_that_ignores_lse_is_caught():
 def test_a_split_merge_fault_fails_the_schedule_case_the_short_case_cannot_see(dcp):
     """A backend that splits from 600 tokens: the check adds the schedule case (a request past the threshold,
     one a token into a fresh page, one on a page boundary), runs it first and records the split counts."""
-    short = case(dcp)
+    short = case(dcp, dtype="bf16")  # fp32's LSE bound (1e-5 absolute) is tighter than a 1,219-token LSE of 72 rounds to
     assert max(short.seqlens) < 600
-    rec = run_engine_check(short, spec(splits_from=600, schedule_tokens=600))
+    rec = run_engine_check(short, spec(splits_from=600, split_from=600))  # both per rank
     assert rec["status"] == "verified", rec["message"]
     assert rec["schedule"] == {"num_kv_splits": [1, 2]}
     long_run, short_run = rec["variants"]
-    assert max(long_run["seqlens"]) >= 600 and long_run["schedule"] == {"num_kv_splits": [1, 2]}
+    assert max(long_run["seqlens"]) >= 600 * dcp and long_run["schedule"] == {"num_kv_splits": [1, 2]}
     page = short.page_size
     assert page + 1 in long_run["seqlens"] and 2 * page in long_run["seqlens"]
     assert short_run["schedule"] == {"num_kv_splits": [1]} and "seqlens" not in short_run
     assert rec["case"]["seqlens"] == list(short.seqlens)  # the record leads with the short case when all pass
+    assert rec["power"]["faults"]["split_dropped"]["detected"]  # measured on the schedule case, kept in the record
     # the fault only a split shows: invisible without the schedule case, caught with it
     assert run_engine_check(short, spec(splits_from=600, split_merge="drop_last"))["status"] == "verified"
-    faulty = run_engine_check(short, spec(splits_from=600, schedule_tokens=600, split_merge="drop_last"))
+    faulty = run_engine_check(short, spec(splits_from=600, split_from=600, split_merge="drop_last"))
     assert faulty["status"] == "failed" and faulty["message"].startswith("out:"), faulty
     assert max(faulty["case"]["seqlens"]) >= 600  # the failing run leads the record
     assert [v["status"] for v in faulty["variants"]] == ["failed", "verified"]
@@ -84,7 +85,8 @@ def test_schedule_case_lengths_and_seed():
 
     short = case(1)
     long = schedule_case(short, 1024)
-    assert long.seqlens == (1, 1024 + short.page_size // 2 + 3, short.page_size + 1, 2 * short.page_size)
+    assert long.seqlens == (1, 1024 + short.page_size + 3, short.page_size + 1, 2 * short.page_size)
+    assert long.split_from == 1024 and max(schedule_case(case(2), 1024).seqlens) >= 2 * 1024  # per rank
     assert long.batch == 4 and long.seed != short.seed
     assert schedule_case(short, 1024) == long  # a pure function of the case
     verify = schedule_case(case(1, "eagle-1x3"), 1024)

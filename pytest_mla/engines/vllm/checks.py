@@ -167,7 +167,7 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
     if schedule is not None and path == "decode":  # verify rows too: flattened to decode rows, one extent each
         split_from = schedule.split_from()  # per rank: the builder divides max_seq_len over the DCP group
         if split_from:
-            options["schedule_tokens"] = split_from * options["dcp"]
+            options["split_from"] = split_from
     function = emulation.prefill_function(name, options.get("platform")) if path == "prefill" \
         else backend(name).function
     dcp = options["dcp"]
