@@ -115,6 +115,15 @@ if [[ ${#engines[@]} -gt 0 ]]; then
   done
 else
   VENVS=("${DEFAULT_VENVS[@]}")
+  known=()
+  for entry in "${VENVS[@]}"; do known+=("${entry%%|*}"); done
+  known=("${known[@]#.venv-}")
+  for o in "${only[@]}"; do  # a name that selects nothing would run nothing and exit 0
+    if [[ ! " ${known[*]} " == *" $o "* ]]; then
+      echo "conformance: --only $o: not a default venv (known: ${known[*]}; the report name vllm-0.34.0 is venv vllm)" >&2
+      exit 2
+    fi
+  done
 fi
 
 now() { date +%s.%N; }

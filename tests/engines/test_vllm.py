@@ -591,3 +591,31 @@ def test_glm_is_served_with_mla_and_minicpm3_is_not():
     verify = cell("glm-4.7-flash", "TRITON_MLA", "sm100", dcp=2, spec="eagle-1x3")["kernel"]
     assert verify["status"] == "not-run", verify
     assert "flashinfer.prefill.trtllm_ragged_attention_deepseek is an import stub" in verify["reason"], verify
+
+
+def test_a_320_wide_latent_is_refused_where_vllm_lists_head_sizes_and_breaks_cutlass_mla():
+    """Mistral Small 4 (256 + 64 latent, head size 320; read in vLLM 0.34.0's source): AMX_MLA and CPU_MLA
+    list [576] (get_supported_head_sizes), FLASHMLA_SPARSE [576, 512]; CUTLASS_MLA lists none and accepts it,
+    then _sm100_cutlass_mla_decode asserts D_latent == 512 (cutlass_mla.py:190-192). GLM-5 (sparse, 64 heads)
+    gathers 64 heads under DCP 2, which FA4 sparse takes (DeepSeek-V3.2's 128 it refuses)."""
+    _, cells = committed_slice(
+        "vllm-0.34.0", "--mla-select=model=mistral-small-4,glm-5,deepseek-v3.2", "--mla-select=dcp=1,2",
+        "--mla-select=spec=none", "--mla-select=backend=AMX_MLA,FLASHMLA_SPARSE,CUTLASS_MLA,TRITON_MLA,"
+        "FLASH_ATTN_MLA_SPARSE_FA4", "--mla-select=arch=sm90,sm100", "--mla-select=kv_dtype=auto",
+        "--mla-select=page_size=128")
+
+    def cell(model, backend, arch, dcp=1):
+        return cells[f"{model}/{backend}/dcp{dcp}/none/{arch}/kv-auto/page128"]
+
+    for backend in ("AMX_MLA", "FLASHMLA_SPARSE"):
+        refused = cell("mistral-small-4", backend, "sm90")["outcome"]
+        assert refused["kind"] == "rejected" and "'head_size not supported'" in refused["message"], refused
+    cutlass = cell("mistral-small-4", "CUTLASS_MLA", "sm100")
+    assert cutlass["outcome"]["kind"] == "accepted" and cutlass["verdict"] == "xfail", cutlass
+    assert cutlass["kernel"]["raised"] == "AssertionError", cutlass["kernel"]
+    assert cutlass["kernel"]["function"].endswith("CutlassMLAImpl._sm100_cutlass_mla_decode")
+    triton = cell("mistral-small-4", "TRITON_MLA", "sm90")["kernel"]
+    assert triton["status"] == "verified" and (triton["case"]["d_qk"], triton["case"]["d_v"]) == (320, 256), triton
+    fa4 = cell("glm-5", "FLASH_ATTN_MLA_SPARSE_FA4", "sm100", dcp=2)["outcome"]
+    assert "gathered query heads" not in (fa4.get("message") or ""), fa4
+    assert "gathered query heads" in cell("deepseek-v3.2", "FLASH_ATTN_MLA_SPARSE_FA4", "sm100", dcp=2)["outcome"]["message"]
