@@ -113,10 +113,9 @@ def _check_seqlens(s_q: int, dcp: int, page_size: int, interleave: int) -> tuple
 def schedule_case(case: KernelCase, split_from: int) -> KernelCase:
     """``case`` with the lengths that take a kernel's other schedules (issue 40): one request long enough
     that a backend splitting its KV from ``split_from`` cached tokens per DCP rank splits it on every rank
-    (ending mid-page), one
-    that ends one token into a fresh page, one that ends exactly on a page boundary, and the shortest
-    (one token, or ``s_q`` under speculative verify). Same heads, dims, dtypes and DCP layout; its own
-    seed, derived like every case's from the numbers.
+    (ending mid-page), one that ends one token into a fresh page, one that ends exactly on a page
+    boundary, and the shortest (one token, or ``s_q`` under speculative verify). Same heads, dims, dtypes
+    and DCP layout; its own seed, derived like every case's from the numbers.
     """
     page, first = case.page_size, max(case.s_q, 1)
     # every rank holds at least split_from of it: a rank's share of a cyclic or block-interleaved layout is
