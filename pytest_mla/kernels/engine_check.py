@@ -135,6 +135,7 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
     """One run of the engine on ``inputs``, compared with the float64 reference of ``reference``
     (default: the same inputs; a write convention may store the cache otherwise)."""
     from .compare import check_close, tolerance_record
+    from .harness import union_schedules
     from .emulated.glue import OutOfContractError, OutOfRangeRead
     from .interpreter import interpreter_fixes
     from .scratch import poisoned_scratch
@@ -207,8 +208,7 @@ def _run_once(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any, *
         "time_s": round(elapsed, 4),
         "message": None if ok else "; ".join(c.message for c in checks if c.message),
     }
-    schedule = {name: sorted({c for r in results for c in r.schedule.get(name, ())})
-                for name in sorted({n for r in results for n in r.schedule})}
+    schedule = union_schedules(r.schedule for r in results)
     if schedule:
         record["schedule"] = schedule
     emulated = sorted({e for r in results for e in r.emulated})

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import time
 import zlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..core.kernelspec import DCP_MODES
 from ..core.models import ModelConfig
@@ -284,6 +284,16 @@ def _generate_checked_inputs(case: KernelCase, tol_out: Any, kv_scale: float | s
                     "input profiles: not verified")
 
 
+def union_schedules(schedules: Iterable[Mapping[str, Iterable[int]]]) -> dict[str, list[int]]:
+    """The schedules of several runs or ranks as one (``{"num_kv_splits": [1, 2]}``): per parameter, every
+    value any of them recorded, sorted; {} when none recorded any."""
+    union: dict[str, set[int]] = {}
+    for schedule in schedules:
+        for name, values in schedule.items():
+            union.setdefault(name, set()).update(values)
+    return {name: sorted(union[name]) for name in sorted(union)}
+
+
 def merge_variants(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One kernel record from the runs of a case's ``kv_scale_variants`` and its ``schedule_case`` (verified
     only if every run is; ``schedule``: every split count the runs handed their kernel; ``power``: the
@@ -297,8 +307,7 @@ def merge_variants(records: list[dict[str, Any]]) -> dict[str, Any]:
                          **({"seqlens": r["case"]["seqlens"]} if r.get("schedule_case") else {}),
                          **({"schedule": r["schedule"]} if r.get("schedule") else {}),
                          **({"message": r["message"]} if r.get("message") else {})} for r in records]
-    schedule = {name: sorted({c for r in records for c in (r.get("schedule") or {}).get(name, ())})
-                for name in sorted({n for r in records for n in r.get("schedule") or {}})}
+    schedule = union_schedules(r.get("schedule") or {} for r in records)
     if schedule:
         main["schedule"] = schedule
     main["time_s"] = round(sum(r["time_s"] for r in records), 4)

@@ -291,10 +291,26 @@ def measure_power_and_magnitude(x: DecodeInputs, tol: Tolerance, *, dcp: tuple[i
     return _measure(x, tol, dcp, margin, magnitude, split_from), magnitude
 
 
-def _split_dropped(r: _Request, out: torch.Tensor, owner: torch.Tensor, world: int, split_from: int,
-                   merge_ranks: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+def _rank_partials(r: _Request, owner: torch.Tensor, world: int, keep: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each DCP rank's partial output ``[world, h_q, s_q, d_v]`` and LSE ``[world, h_q, s_q]`` over the tokens
+    it owns (``owner[j]``; ``keep``: only those), ``-inf`` for a rank that holds none."""
+    h_q, s_q, _ = r.scores.shape
+    outs = torch.zeros(world, h_q, s_q, r.v.shape[-1], dtype=torch.float64)
+    lses = torch.full((world, h_q, s_q), -math.inf, dtype=torch.float64)
+    for rank in range(world):
+        mine = ((owner == rank) if keep is None else (owner == rank) & keep).nonzero().flatten()
+        if mine.numel():
+            w_r, lses[rank] = _softmax(r.scores[..., mine], r.visible[:, mine])
+            outs[rank] = _weighted(w_r, r.v[mine])
+    return outs, lses
+
+
+def _split_dropped(r: _Request, out: torch.Tensor, owner: torch.Tensor, world: int, split_from: int
+                   ) -> torch.Tensor | None:
     """How far the request's output moves when every rank holding at least ``split_from`` of its tokens
-    merges its two KV splits without the last (its second half of its tokens); None: no rank splits."""
+    merges its two KV splits without the last (its second half of its tokens), the ranks then merged by
+    their true LSEs; None: no rank splits."""
     keep = torch.ones(r.scores.shape[-1], dtype=torch.bool)
     for rank in range(world):
         mine = (owner == rank).nonzero().flatten()
@@ -302,9 +318,7 @@ def _split_dropped(r: _Request, out: torch.Tensor, owner: torch.Tensor, world: i
             keep[mine[-(-mine.numel() // 2):]] = False
     if keep.all():
         return None
-    if world == 1:
-        return _weighted(_softmax(r.scores[..., keep], r.visible[:, keep])[0], r.v[keep]) - out
-    return merge_ranks(keep, owner) - out
+    return _merge(*_rank_partials(r, owner, world, keep), "lse") - out
 
 
 def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: float,
@@ -347,31 +361,13 @@ def _measure(x: DecodeInputs, tol: Tolerance, dcp: tuple[int, int], margin: floa
         moved["scale_x1.05"].append((part, _weighted(_softmax(r.scores, r.visible, SCALE_ERROR)[0] - weights, r.v)))
         if masked:
             moved["mask_dropped"].append((part, _unmasked(r, lse, weights.sum(-1), out)))
+        owner = (torch.arange(n) // interleave) % world
         if world > 1:
-            outs = torch.zeros(world, h_q, s_q, d_v, dtype=torch.float64)
-            lses = torch.full((world, h_q, s_q), -math.inf, dtype=torch.float64)
-            owner = (torch.arange(n) // interleave) % world
-            for rank in range(world):
-                mine = (owner == rank).nonzero().flatten()
-                if mine.numel():
-                    w_r, lses[rank] = _softmax(r.scores[..., mine], r.visible[:, mine])
-                    outs[rank] = _weighted(w_r, r.v[mine])
+            outs, lses = _rank_partials(r, owner, world)
             moved["merge_equal_weights"].append((part, _merge(outs, lses, "equal") - out))
             moved["lse_base_swapped"].append((part, _merge(outs, lses, "base2_as_e") - out))
         if split_from:
-            owner_of = (torch.arange(n) // interleave) % world
-
-            def merge_ranks(keep: torch.Tensor, owner: torch.Tensor, r=r) -> torch.Tensor:
-                outs = torch.zeros(world, h_q, s_q, d_v, dtype=torch.float64)
-                lses = torch.full((world, h_q, s_q), -math.inf, dtype=torch.float64)
-                for rank in range(world):
-                    mine = ((owner == rank) & keep).nonzero().flatten()
-                    if mine.numel():
-                        w_r, lses[rank] = _softmax(r.scores[..., mine], r.visible[:, mine])
-                        outs[rank] = _weighted(w_r, r.v[mine])
-                return _merge(outs, lses, "lse")
-
-            dropped = _split_dropped(r, out, owner_of, world, split_from, merge_ranks)
+            dropped = _split_dropped(r, out, owner, world, split_from)
             if dropped is not None:
                 moved["split_dropped"].append((part, dropped))
         for kind, (p, src) in _misread_positions(n, page_size).items():
