@@ -74,6 +74,10 @@ class CellRecord(TypedDict, total=False):
 #: write path, before the decode or verify under test ran (``kernels.engine_runner.engine_step``).
 CACHE_WRITE_STEP = "cache write"
 
+#: ``kernel.schedule`` key of a batch run the way a FULL CUDA graph replays it: the request counts the
+#: engine's runner padded it to with dummy requests (``KernelSpec`` option ``graph_padding``).
+GRAPH_PADDED = "graph_padded_to"
+
 
 def new_record(matrix_name: str, cell: Cell, expect: Expectation) -> CellRecord:
     return CellRecord(id=cell.id, matrix=matrix_name, coords=cell.coords, expectation=expect.as_dict(),

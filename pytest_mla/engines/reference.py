@@ -25,7 +25,12 @@ from ..core.host import probe_host
 from ..kernels.library_hook import library_kernel_for
 from .protocol import Configured, Engine, KernelSpec
 
-TRITON_KERNEL = KernelSpec("triton", "pytest_mla.kernels.triton_mla:mla_decode")
+#: The project's kernel; each check also runs it with two KV splits on a schedule case whose long request
+#: holds more than one tile per rank (``BLOCK_N`` is 128 under the interpreter, at most 64 on a GPU), so
+#: both splits hold tokens and its split-KV merge runs: its own choice under the interpreter is one split
+#: (``triton_mla.default_num_splits``).
+TRITON_KERNEL = KernelSpec("triton", "pytest_mla.kernels.triton_mla:mla_decode",
+                           options=(("num_splits", 2), ("split_from", 129)))
 
 
 @dataclasses.dataclass

@@ -85,16 +85,24 @@ def run_engine_check(case: Any, spec: KernelSpec, *, dcp_mode: str = "in-process
         record = _run_once(long, spec, inputs, power, tol, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
         record["schedule_case"] = True
         records.append(record)
-    for kv_scale in kv_scale_variants(case):
+    for i, kv_scale in enumerate(kv_scale_variants(case)):
         inputs, power = gen_checked_inputs(case, tol.out, kv_scale=kv_scale)
         conventions = spec.option_map.get("kv_conventions") if kv_scale not in (None, 1.0) else None
         if not conventions:
-            records.append(_run_once(case, spec, inputs, power, tol, dcp_mode=dcp_mode, where=where,
+            # The first run of the case as a FULL CUDA graph replays it, where the engine pads batches
+            # (``graph_padding``): dummy requests after the real ones. The other runs take the batch as is.
+            run_spec = _with_option(spec, "graph_padded", True) if i == 0 and spec.option_map.get("graph_padding") \
+                else spec
+            records.append(_run_once(case, run_spec, inputs, power, tol, dcp_mode=dcp_mode, where=where,
                                      timeout_s=timeout_s))
             continue
         records.append(_run_conventions(case, spec, inputs, power, tol, conventions, dcp_mode=dcp_mode, where=where,
                                         timeout_s=timeout_s))
     return merge_variants(records)
+
+
+def _with_option(spec: KernelSpec, name: str, value: Any) -> KernelSpec:
+    return dataclasses.replace(spec, options=spec.options + ((name, value),))
 
 
 def _run_conventions(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol: Any,
@@ -112,7 +120,7 @@ def _run_conventions(case: Any, spec: KernelSpec, inputs: Any, power: dict, tol:
     """
     tried = []
     for name, meaning in dict(conventions).items():
-        variant = dataclasses.replace(spec, options=spec.options + (("kv_convention", name),))
+        variant = _with_option(spec, "kv_convention", name)
         reference = inputs.stored_unscaled() if name == "raw" else None
         record = _run_once(case, variant, inputs, power, tol, reference=reference, **run)
         record["kv_convention"] = name

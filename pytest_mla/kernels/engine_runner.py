@@ -37,7 +37,8 @@ class RankResult:
     #: ``kernels.emulated.install.CallLog.called``); non-empty exactly when the level is "emulated".
     emulated: tuple[str, ...] = ()
     #: The schedule the engine handed its kernel, by parameter (``{"num_kv_splits": [1, 2]}``: the distinct
-    #: split counts it was given; ``engines.common.schedule``); empty where the runner records none.
+    #: split counts it was given; ``engines.common.schedule``; ``core.records.GRAPH_PADDED``: the request
+    #: count of the CUDA graph the batch was padded to); empty where the runner records none.
     schedule: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
 

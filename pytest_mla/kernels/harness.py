@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import functools
 import json
 import time
 import zlib
@@ -52,7 +53,8 @@ class KernelCase:
     dtype: str  # "bf16" / "fp16" / "fp32": q, output and (unless fp8) cache
     kv_dtype: str  # "auto" (= dtype), "fp8_e4m3" or "fp8_e5m2"
     #: The fp8 cache's per-tensor scales the check runs with, one run each (``kv_scale_variants``):
-    #: 1.0 (a checkpoint without KV scales) and "pow2" (one that carries calibrated ones); () unless fp8.
+    #: 1.0 (a checkpoint without KV scales) and "calibrated" (one that carries calibrated ones: a scale that is
+    #: not a power of two, ``inputs.calibrated_scale``); () unless fp8.
     kv_scales: tuple[float | str, ...]
     seqlens: tuple[int, ...]  # global tokens per request, len == batch
     softmax_scale: float  # the model's scale
@@ -177,7 +179,7 @@ def case_for(coords: Mapping[str, object], model: ModelConfig, *, seed: int, dty
     if not fields["kv_dtype"].startswith("fp8"):
         fields["kv_scales"] = ()
     elif fields["kv_scales"] is None:
-        fields["kv_scales"] = (1.0, "pow2")
+        fields["kv_scales"] = (1.0, "calibrated")
     else:
         fields["kv_scales"] = tuple(fields["kv_scales"])
     if fields["dcp"] > MAX_CHECK_RANKS:
@@ -223,7 +225,8 @@ def gen_case_inputs(case: KernelCase, profile: Any = None, kv_scale: float | str
 def kv_scale_variants(case: KernelCase) -> list[float | str | None]:
     """The KV-cache scales a case runs with (``KernelCase.kv_scales``): an fp8 cache runs with
     ``k_scale = 1`` (a checkpoint without KV scales, e.g. DeepSeek-V3's FP8 release) and, where
-    the engine can load them, a calibrated-style power of two; other caches have none."""
+    the engine can load them, a calibrated-style scale that is not a power of two
+    (``inputs.calibrated_scale``); other caches have none."""
     return list(case.kv_scales) or [None]
 
 
@@ -328,6 +331,8 @@ def run_kernel_check(
     where: str = "interpreter",
     merge: Callable | str | None = None,
     timeout_s: float = 300.0,
+    num_splits: int | None = None,
+    split_from: int | None = None,
 ) -> dict[str, Any]:
     """Run ``kernel`` (``mla_decode``'s signature, or ``"module:attr"``) on ``case`` and compare.
 
@@ -338,7 +343,14 @@ def run_kernel_check(
     reference on the unsharded cache, and every rank's partial must be free of NaN
     (an empty rank gives ``out = 0``, ``lse = -inf``: the merge would hide a NaN).
     ``where`` is only recorded. A kernel that raises propagates (a crash is an
-    ``error`` verdict, not a tolerance failure).
+    ``error`` verdict, not a tolerance failure). ``num_splits``: a kernel that takes
+    its KV split count as an argument (the project's ``mla_decode``; ``KernelSpec``
+    options ``num_splits``, ``split_from``) also runs, first, the ``schedule_case``
+    for ``split_from`` cached tokens per rank with that many splits, so its split
+    merge is verified on a request every split of which holds tokens, wherever its
+    own choice (one split under the interpreter) would not split; the run records
+    ``schedule = {"num_kv_splits": [n]}``. In-process only: a distributed rank
+    imports the kernel by name.
     """
     if dcp_mode not in DCP_MODES:
         raise ValueError(f"unknown dcp_mode {dcp_mode!r} (known: {', '.join(DCP_MODES)})")
@@ -348,6 +360,16 @@ def run_kernel_check(
     share_cpu_threads()
     tol = tolerance_for(case.dtype, case.kv_dtype)
     records = []
+    if num_splits and not (dcp_mode == "distributed" and case.dcp > 1):
+        long = schedule_case(case, int(split_from)) if split_from else case
+        inputs, power, magnitude = _checked_inputs(long, tol.out, kv_scale_variants(long)[0])
+        split = functools.partial(_import_kernel(kernel) if isinstance(kernel, str) else kernel,
+                                  num_splits=int(num_splits))
+        record = _run_once(long, inputs, power, magnitude, tol, split, dcp_mode=dcp_mode, where=where, merge=merge,
+                           timeout_s=timeout_s)
+        record["schedule"] = {"num_kv_splits": [int(num_splits)]}
+        record["schedule_case"] = long is not case
+        records.append(record)
     for kv_scale in kv_scale_variants(case):
         inputs, power, magnitude = _checked_inputs(case, tol.out, kv_scale)
         records.append(_run_once(case, inputs, power, magnitude, tol, kernel, dcp_mode=dcp_mode, where=where,

@@ -513,10 +513,10 @@ def gen_decode_inputs(
     interleave)`` of the ranks the cache will be split over (the profile's quiet
     rank). ``kv_dtype="fp8_e4m3"`` / ``"fp8_e5m2"`` quantises the cache with
     ``kv_scale``: ``"pow2"`` (default: the power of two that maps the cache's
-    amax into the format, as a calibration pass would choose it, rounded so that
-    dequantised and re-quantised values stay exact in every dtype),
-    ``"calibrated"`` (amax over the format's largest value, unrounded), ``1.0``
-    (a checkpoint without KV scales), or a number. With an fp8 cache q is rounded through the cache's fp8
+    amax into the format), ``"calibrated"`` (a calibration pass's amax over the
+    format's largest value, rounded up to three significant bits and never a power
+    of two: ``calibrated_scale``), ``1.0`` (a checkpoint without KV scales), or a
+    number. With an fp8 cache q is rounded through the cache's fp8
     format too, so a kernel that feeds q to an fp8 MMA rounds nothing. ``sparse_topk > 0``: each query
     token attends only the ``sparse_topk`` tokens ``gen_topk_indices`` selects (``topk_indices``), drawn
     after the tree mask; 0 = dense (the inputs are then what they were without the option).
@@ -582,7 +582,7 @@ def _fp8_scale(cache: torch.Tensor, kv_scale: float | str | None, kind: str) -> 
     amax = float(finite.abs().max()) if finite.numel() else 1.0
     fmax = FP8_DTYPES[kind][1]
     if kv_scale == "calibrated":
-        return max(amax, 1e-30) / fmax
+        return calibrated_scale(max(amax, 1e-30) / fmax)
     if kv_scale is None or kv_scale == "pow2":
         return 2.0 ** math.ceil(math.log2(max(amax, 1e-30) / fmax))
     if isinstance(kv_scale, str):
@@ -590,6 +590,29 @@ def _fp8_scale(cache: torch.Tensor, kv_scale: float | str | None, kind: str) -> 
     if not kv_scale > 0:
         raise ValueError(f"kv_scale must be positive, got {kv_scale!r}")
     return float(kv_scale)
+
+
+#: The mantissas a calibrated-style scale takes (``calibrated_scale``): three significant bits, none 1.
+CALIBRATED_MANTISSAS = (1.25, 1.5, 1.75, 2.5)
+
+
+def calibrated_scale(least: float) -> float:
+    """The smallest scale ``>= least`` of the form ``m * 2**e`` with ``m`` in ``CALIBRATED_MANTISSAS``.
+
+    A calibration pass picks ``amax / fmax``, a scale with an arbitrary mantissa;
+    the checks want one that is not a power of two (a kernel that keeps only the
+    scale's exponent, or rounds it to bf16 and back, is then wrong by up to 25%)
+    and that still leaves every cached value exact: an fp8 code has at most four
+    significant bits (e4m3; three for e5m2), so ``code * scale`` has at most seven
+    and is exact in bf16, fp16 and fp32, and an engine's own write path
+    (``x / k_scale`` or ``x * (1 / k_scale)`` in fp32) stores back the same code.
+    """
+    if not least > 0 or not math.isfinite(least):
+        raise ValueError(f"a calibrated scale needs a positive finite amax / fmax, got {least!r}")
+    exponent = math.floor(math.log2(least))
+    mantissa = least / 2.0 ** exponent  # in [1, 2), up to log2's rounding
+    chosen = next((m for m in CALIBRATED_MANTISSAS if m >= mantissa), CALIBRATED_MANTISSAS[-1])
+    return chosen * 2.0 ** exponent
 
 
 def _dequantised_rows(cache: torch.Tensor, block_table_row: torch.Tensor, n: int, scale: float | None) -> torch.Tensor:

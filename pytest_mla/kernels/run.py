@@ -28,7 +28,9 @@ def run_check(case: Any, spec: KernelSpec, *, where: str, dcp_mode: str, timeout
     try:
         if spec.protocol == "engine":
             return run_engine_check(case, spec, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
-        return harness.run_kernel_check(case, spec.target, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s)
+        return harness.run_kernel_check(case, spec.target, dcp_mode=dcp_mode, where=where, timeout_s=timeout_s,
+                                        num_splits=spec.option_map.get("num_splits"),
+                                        split_from=spec.option_map.get("split_from"))
     except EngineCannotRun as exc:  # the engine's own path needs a kernel this host lacks
         return not_run(str(exc))
     except BackendRaised as exc:  # the engine accepted the configuration, then its own code raised: a finding

@@ -36,7 +36,7 @@ from importlib import resources
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..core.records import kernel_of
+from ..core.records import GRAPH_PADDED, kernel_of
 from ..core.text import visible
 from .backends import LEGEND as BACKENDS_LEGEND
 from .backends import CONSTRUCTION_STOPS, COUNTING, BackendsView, build_backends_view
@@ -161,12 +161,15 @@ def describe_kernel(k: Mapping[str, Any] | None, host: str | None = None) -> str
     for variant in k.get("variants") or []:
         if isinstance(variant, Mapping):
             what = (f"schedule case (seqlens {', '.join(str(n) for n in variant['seqlens'])})"
-                    if isinstance(variant.get("seqlens"), list) else f"k_scale {_num(variant.get('kv_scale'))}")
-            splits = (variant.get("schedule") or {}).get("num_kv_splits") if isinstance(variant.get("schedule"), Mapping) \
-                else None
+                    if isinstance(variant.get("seqlens"), list) else
+                    f"k_scale {_num(variant.get('kv_scale'))}" if variant.get("kv_scale") is not None else "run")
+            taken = variant.get("schedule") if isinstance(variant.get("schedule"), Mapping) else {}
+            splits, padded = taken.get("num_kv_splits"), taken.get(GRAPH_PADDED)
             lines.append(f"  {what}: {variant.get('status')}, out max_abs_err "
                          f"{_num(variant.get('out_max_abs'))} · cos_diff {_num(variant.get('out_cos_diff'))}"
-                         + (f" · KV splits {', '.join(str(c) for c in splits)}" if splits else ""))
+                         + (f" · KV splits {', '.join(str(c) for c in splits)}" if splits else "")
+                         + (f" · CUDA-graph batch padded to {', '.join(str(n) for n in padded)} requests"
+                            if padded else ""))
     case = k.get("case")
     if isinstance(case, Mapping):
         lines.append("  case: " + " ".join(f"{a}={b}" for a, b in case.items()))

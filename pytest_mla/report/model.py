@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core.cells import AXES, format_part
 from ..core.models import BUILTIN_MODELS
-from ..core.records import kernel_of
+from ..core.records import GRAPH_PADDED, kernel_of
 from ..core.text import visible
 from ..core.verdicts import ACCEPTED, ERROR, FAIL, KERNEL_FAILED, PASS, REJECTED, SKIP, VERDICTS, VERIFIED, XFAIL, XPASS
 from .findings import Finding, group_findings
@@ -674,6 +674,27 @@ def schedule_counts(records: Iterable[Mapping[str, Any]]) -> str:
     parts = [f"{name} {', '.join(str(c) for c in sorted(seen[name]))} ({split[name]} of {checks[name]} checks "
              "split a request)" for name in sorted(seen)]
     return "split-KV schedules verified (the KV split counts the engine handed its decode kernel): " + "; ".join(parts)
+
+
+def graph_padding_counts(records: Iterable[Mapping[str, Any]]) -> str:
+    """Per backend, how many verified checks ran a batch padded as a FULL CUDA graph replays it
+    (``kernel.schedule["graph_padded_to"]``: the request counts the engine's runner padded to)."""
+    sizes: dict[str, set[int]] = {}
+    checks: Counter[str] = Counter()
+    for record in records:
+        kernel = record.get("kernel") or {}
+        padded = (kernel.get("schedule") or {}).get(GRAPH_PADDED) if kernel.get("status") == VERIFIED else None
+        if not padded:
+            continue
+        name = str(kernel.get("kernel") or (record.get("coords") or {}).get("backend"))
+        sizes.setdefault(name, set()).update(int(n) for n in padded)
+        checks[name] += 1
+    if not sizes:
+        return ""
+    parts = [f"{name} {checks[name]} (padded to {', '.join(str(n) for n in sorted(sizes[name]))} requests)"
+             for name in sorted(sizes)]
+    return ("CUDA-graph-padded batches verified (dummy requests after the real ones, as the engine's runner pads a "
+            "batch for a FULL graph): " + "; ".join(parts))
 
 
 def power_counts(records: Iterable[Mapping[str, Any]]) -> str:

@@ -19,6 +19,12 @@ Faults (what a buggy release could ship):
   (``_decode_softmax_reducev_fwd``, the merge of a request's KV splits) leaves
   the last split out whenever there is more than one: harmless at one split,
   wrong from TRITON_MLA's split threshold on (a stale or dropped partial).
+* ``padded-decode-tokens-miscounted``: the MLA builder's
+  ``split_decodes_and_prefills`` counts a decode-only batch's tokens from its
+  ``query_start_loc`` (the real requests' tokens) instead of
+  ``num_actual_tokens``: the same number for a batch as the scheduler built
+  it, fewer than the batch's rows once the runner pads it with dummy requests
+  for a FULL CUDA graph.
 * ``triton-mla-scale-x1.05`` / ``triton-attn-scale-x1.05``: TRITON_MLA's
   ``forward_mqa`` / TRITON_ATTN's ``forward`` pass their Triton kernel
   (``decode_attention_fwd`` / ``unified_attention``) the softmax scale × 1.05.
@@ -164,6 +170,16 @@ def _split_merge_fault(original: Any) -> Any:
         return original(logits, q, o, lse, v_buffer, b_seq_len, num_kv_splits, *args, **kwargs)
 
     return _decode_softmax_reducev_fwd
+
+
+def _padded_tokens_fault(original: Any) -> Any:
+    def split_decodes_and_prefills(common_attn_metadata, *args, **kwargs):
+        decodes, prefills, decode_tokens, prefill_tokens = original(common_attn_metadata, *args, **kwargs)
+        if not prefills:
+            decode_tokens = int(common_attn_metadata.query_start_loc_cpu[-1])
+        return decodes, prefills, decode_tokens, prefill_tokens
+
+    return split_decodes_and_prefills
 
 
 def _triton_mla_scale_fault(original: Any) -> Any:
@@ -342,6 +358,8 @@ FAULTS = {
                                 _decode_fault),
     "split-merge-drops-last-split": ("vllm.v1.attention.ops.triton_decode_attention", "_decode_softmax_reducev_fwd",
                                      _split_merge_fault),
+    "padded-decode-tokens-miscounted": ("vllm.model_executor.layers.attention.mla_attention",
+                                        "split_decodes_and_prefills", _padded_tokens_fault),
     "triton-mla-scale-x1.05": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
                                _triton_mla_scale_fault),
     "triton-attn-scale-x1.05": ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention",

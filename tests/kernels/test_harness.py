@@ -211,8 +211,21 @@ def test_fp8_cases_run_with_k_scale_one_and_a_calibrated_scale():
     rec = run_kernel_check(c, ref_kernel, where="interpreter")
     assert rec["status"] == "verified", rec["message"]
     scales = [v["kv_scale"] for v in rec["variants"]]
-    assert scales[0] == 1.0 and scales[1] != 1.0 and math.log2(scales[1]).is_integer()
+    assert scales[0] == 1.0 and not math.log2(scales[1]).is_integer()  # a calibrated scale, not a power of two
     assert all(v["status"] == "verified" for v in rec["variants"])
+
+
+def exponent_only_kernel(*args, **kwargs):
+    """Dequantises an fp8 cache with its scale's power of two only (a kernel that shifts instead of multiplying)."""
+    args = list(args)
+    if args[7] is not None:
+        args[7] = 2.0 ** math.floor(math.log2(args[7]))
+    return ref_kernel(*args, **kwargs)
+
+
+def test_a_kernel_that_keeps_only_the_scales_exponent_fails_on_the_calibrated_scale():
+    rec = run_kernel_check(_small_case(kv_dtype="fp8_e4m3"), exponent_only_kernel, where="interpreter")
+    assert [v["status"] for v in rec["variants"]] == ["verified", "failed"]
 
 
 def test_a_kernel_that_ignores_k_scale_fails_only_where_the_scale_is_not_one():
@@ -292,3 +305,29 @@ def test_checked_inputs_are_generated_once_per_case_and_every_caller_gets_its_ow
     assert power_again == fresh_power and "planted by a caller" not in power_again["undetected"]
     harness._checked_inputs(c, tol, "pow2")  # another scale is another case
     assert len(made) == 2
+
+
+def split_blind_kernel(*args, num_splits=None, **kwargs):
+    """Right with its own split count, wrong whenever it is handed more than one (a broken split merge)."""
+    out, lse = ref_kernel(*args, **kwargs)
+    return (out * 0.9, lse) if num_splits and num_splits > 1 else (out, lse)
+
+
+def test_a_kernel_given_its_split_count_runs_once_more_split_and_a_broken_merge_fails():
+    c = _small_case()
+    plain = run_kernel_check(c, split_blind_kernel, where="interpreter")
+    assert plain["status"] == "verified" and "schedule" not in plain  # one run, its own split count
+    split = run_kernel_check(c, split_blind_kernel, where="interpreter", num_splits=2, split_from=129)
+    assert [v["status"] for v in split["variants"]] == ["failed", "verified"]  # the split run first
+    assert split["status"] == "failed" and split["schedule"] == {"num_kv_splits": [2]}
+    # the split run is the schedule case: a request longer than 129 tokens, whose split_dropped power it measures
+    assert split["schedule_case"] and max(split["case"]["seqlens"]) > 129 and split["case"]["split_from"] == 129
+    assert split["power"]["faults"]["split_dropped"]["detected"]
+
+
+def test_the_projects_kernel_verifies_split_in_two():
+    rec = run_kernel_check(_small_case(dcp=2), "pytest_mla.kernels.triton_mla:mla_decode", where="interpreter",
+                           num_splits=2, split_from=129)
+    assert rec["status"] == "verified", rec["message"]
+    assert [v["status"] for v in rec["variants"]] == ["verified", "verified"]
+    assert rec["variants"][0]["schedule"] == {"num_kv_splits": [2]} and max(rec["variants"][0]["seqlens"]) > 2 * 129

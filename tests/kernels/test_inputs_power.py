@@ -99,11 +99,45 @@ def test_a_hidden_token_would_dominate_if_the_mask_were_dropped(tree):
 def test_fp8_queries_are_exact_in_the_cache_format_and_scales_are_as_asked():
     x = mla([9], kv_dtype="fp8_e4m3", seed=6)
     assert torch.equal(x.q.to(torch.float8_e4m3fn).to(x.q.dtype), x.q)
-    assert x.kv_scale != 1.0 and math.log2(x.kv_scale) == int(math.log2(x.kv_scale))
+    assert x.kv_scale != 1.0 and math.log2(x.kv_scale).is_integer()  # the default: "pow2"
     one = mla([9], kv_dtype="fp8_e4m3", seed=6, kv_scale=1.0)
     assert one.kv_scale == 1.0
     with pytest.raises(ValueError, match="kv_scale"):
         mla([9], kv_dtype="fp8_e4m3", kv_scale="sometimes")
+
+
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "fp8_e5m2"])
+def test_a_calibrated_scale_is_no_power_of_two_covers_the_cache_and_keeps_every_code_exact(kind):
+    fp8, fmax = {"fp8_e4m3": (torch.float8_e4m3fn, 448.0), "fp8_e5m2": (torch.float8_e5m2, 57344.0)}[kind]
+    x = mla([40], kv_dtype=kind, seed=11, kv_scale="calibrated")
+    amax = float((x.kv_cache.to(torch.float64)[torch.isfinite(x.kv_cache.to(torch.float64))]).abs().max())
+    assert not math.log2(x.kv_scale).is_integer()
+    assert amax <= fmax  # the codes fit the format, hence the values fit amax / fmax <= scale
+    # every finite code of the format, times the scale, is exact in bf16 (and fp16 where fp16 has the range),
+    # and the engine's own write
+    # (x / k_scale, or x * (1 / k_scale), in fp32) stores back the same code
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8).to(torch.float64)
+    codes = codes[torch.isfinite(codes)]
+    for scale in (x.kv_scale, 1.25 * 2.0 ** -7, 1.75 * 2.0 ** -9, 1.5 * 2.0 ** 3):
+        value = codes * scale
+        assert torch.equal(value.to(torch.bfloat16).to(torch.float64), value), scale
+        normal = value[(value.abs() >= 2.0 ** -14) & (value.abs() <= 65504)]  # fp16's normal range: its mantissa
+        assert torch.equal(normal.to(torch.float16).to(torch.float64), normal), scale
+        stored = value.to(torch.float32)
+        assert torch.equal((stored / scale).to(fp8).to(torch.float64), codes)
+        assert torch.equal((stored * (1.0 / torch.tensor(scale, dtype=torch.float32))).to(fp8).to(torch.float64),
+                           codes)
+
+
+def test_calibrated_scales_round_amax_up_by_less_than_half():
+    from pytest_mla.kernels.inputs import calibrated_scale
+
+    for least in (3e-5, 1 / 448, 0.0234, 1.0, 1.25, 1.26, 1.76, 1.999, 7.0):
+        s = calibrated_scale(least)
+        assert least <= s < least * 1.43 and not math.log2(s).is_integer()
+        assert s / 2.0 ** math.floor(math.log2(s)) in (1.25, 1.5, 1.75)
+    with pytest.raises(ValueError, match="calibrated scale"):
+        calibrated_scale(0.0)
 
 
 # ---- power -----------------------------------------------------------------------------------

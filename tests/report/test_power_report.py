@@ -73,3 +73,26 @@ def test_split_schedules_reach_the_header_and_the_cell_details():
     assert "  schedule: num_kv_splits 1, 2" in details
     assert "  schedule case (seqlens 1, 1035, 17, 32): verified, out max_abs_err 0.002 · cos_diff 1e-06 · KV splits 2" \
         in details
+
+
+def test_graph_padded_batches_reach_the_header_and_the_cell_details():
+    """``kernel.schedule["graph_padded_to"]``: how many verified checks per backend ran a batch padded as a
+    FULL CUDA graph replays it, and to what; the padded run named in the cell details."""
+    padded = {"kv_scale": 1.0, "status": "verified", "out_max_abs": 0.002, "out_cos_diff": 1e-6,
+              "schedule": {"graph_padded_to": [4]}}
+    calibrated = {"kv_scale": 0.00275, "status": "verified", "out_max_abs": 0.001, "out_cos_diff": 1e-6}
+    kernels = {
+        "a": {**verified(), "kernel": "a", "schedule": {"graph_padded_to": [4]}, "variants": [padded, calibrated]},
+        "b": {**verified(), "kernel": "b", "schedule": {"graph_padded_to": [8], "num_kv_splits": [1]}},
+        "c": {**verified(), "status": "failed", "schedule": {"graph_padded_to": [4]}},  # not verified: not counted
+    }
+    doc = document()
+    doc["cells"] = [record(c, kernel=kernels[c.backend]) for c in expand_cells(AXES)]
+    text = render_markdown(doc).replace("\\_", "_")
+    assert ("- CUDA-graph-padded batches verified (dummy requests after the real ones, as the engine's runner pads "
+            "a batch for a FULL graph): a 1 (padded to 4 requests); b 1 (padded to 8 requests)") in text
+    details = describe_kernel(kernels["a"])
+    assert "  schedule: graph_padded_to 4" in details
+    assert ("  k_scale 1: verified, out max_abs_err 0.002 · cos_diff 1e-06 · CUDA-graph batch padded to 4 requests"
+            in details)
+    assert "  k_scale 0.00275: verified, out max_abs_err 0.001 · cos_diff 1e-06\n" in details + "\n"

@@ -169,7 +169,7 @@ def kernel_for(cell: Any, model: Any, *, decode_backend: str, page_size: int, kv
         case.append(("h_kv", num_kv_heads))
     # SGLang's DeepSeek and Llama checkpoints get KV scales only through their quantization config
     # (Fp8KVCacheMethod: k_scale 1.0 unless the checkpoint stores one); an unquantized checkpoint has none.
-    case.append(("kv_scales", (1.0, "pow2") if model.quant_method != "none" else (1.0,)))
+    case.append(("kv_scales", (1.0, "calibrated") if model.quant_method != "none" else (1.0,)))
     method = "forward_extend" if spec.enabled else "forward_decode"
     return KernelSpec(
         name=decode_backend, target=TARGET, protocol="engine",

@@ -134,8 +134,8 @@ def ds_mla_rows(rows: Any, kv_scale: float | None) -> Any:
     """The check's e4m3 rows (value ``raw · kv_scale``) as ``fp8_ds_mla`` records ``[n, 656]`` uint8, exactly.
 
     The NoPE bytes are the check's own e4m3 bytes with ``kv_scale`` as each tile's
-    scale; the RoPE tail is ``raw · kv_scale`` in bf16 (exact: a power-of-two scale
-    of an e4m3 value). vLLM's own writer of this format (``concat_and_cache_mla``
+    scale; the RoPE tail is ``raw · kv_scale`` in bf16 (exact: an e4m3 value times a scale of at most
+    three significant bits, ``inputs.calibrated_scale``). vLLM's own writer of this format (``concat_and_cache_mla``
     with ``fp8_ds_mla``, per-tile amax scales) is the model runner's step, not run here.
     """
     import torch
@@ -270,3 +270,62 @@ def write_tokens(cache: Any, slots: Any, rows: Any, block: int, kv_scale: float 
     mine = slots != PAD_SLOT_ID
     slots, rows = slots[mine], rows[mine]
     cache[slots // block, :, slots % block] = stored(rows, cache.dtype, kv_scale)
+
+
+def graph_padded_size(options: Any, b: int, s_q: int, builder: Any, config: Any, spec: Any) -> int | None:
+    """The request count of the FULL CUDA graph vLLM's runner replays a uniform decode batch of ``b``
+    requests of ``s_q`` tokens on, padded (None: the cell's server runs the batch without dummy requests).
+
+    ``options["graph_padding"]``: the request counts of the server's FULL decode graphs, as its start-up
+    resolved them (``checks.decode_graph_sizes``). The dispatcher (``CudaGraphManager.dispatch``) takes
+    the smallest graph that holds the batch; a batch that is itself a captured size replays without
+    dummies, so the check takes the graph a batch of ``b`` replays when it is padded past its own size:
+    the smallest captured size above ``b`` (``dispatch``'s "padded to the DP maximum": a data-parallel
+    peer with more requests). The builder must take FULL graphs for the query length
+    (``AttentionCGSupport``: single-token decode, or uniform batches for speculative verify).
+    """
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    need = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if s_q == 1 else AttentionCGSupport.UNIFORM_BATCH
+    if type(builder).get_cudagraph_support(config, spec).value < need.value:
+        return None
+    larger = [int(n) for n in options.get("graph_padding") or () if int(n) > b]
+    return min(larger) if larger else None
+
+
+def pad_for_graph(b: int, s_q: int, padded: int, seq_lens: Any, table: Any, local: Any) -> tuple[Any, Any, Any, Any]:
+    """``(query_start_loc, seq_lens, block_table, dcp_local_seq_lens)`` of ``b`` requests padded to ``padded``
+    as the V2 runner pads them for a FULL graph (``prepare_inputs``, ``prepare_pos_seq_lens``,
+    ``gather_block_tables``): each dummy request has no query token (its ``query_start_loc`` repeats the
+    batch's token count), ``seq_len`` 0, a block-table row of zeros (the null block) and a DCP length 0."""
+    import torch
+
+    dummies = padded - b
+    qsl = torch.tensor([i * s_q for i in range(b + 1)] + [b * s_q] * dummies, dtype=torch.int32)
+    seq_lens = torch.cat([seq_lens, seq_lens.new_zeros(dummies)])
+    table = torch.cat([table, table.new_zeros(dummies, table.shape[1])])
+    if local is not None:
+        local = torch.cat([local, local.new_zeros(dummies)])
+    return qsl, seq_lens, table, local
+
+
+def free_null_block(cache: Any, table: Any, seqlens: list[int], block: int, world: int) -> None:
+    """Block 0 made vLLM's null block, in place: free (the free-slot value) and no request's.
+
+    vLLM's block pool reserves block 0 (``BlockPool.null_block``) and a padded request's block-table
+    row points there; the check's shuffled pages may have given it to a request, whose page then moves
+    to a block no request holds."""
+    used = [-(-n // (block * world)) for n in seqlens]
+    held = {int(x) for i, n in enumerate(used) for x in table[i, :n].tolist()}
+    if 0 not in held:
+        return
+    free = next((k for k in range(1, cache.shape[0]) if k not in held), None)
+    if free is None:
+        from ...core.errors import AdapterError
+
+        raise AdapterError("kernel check", "the check's cache has no free block to move block 0's page to")
+    cache[free] = cache[0]
+    cache[0] = nan_cache(tuple(cache.shape[1:]), cache.dtype, cache.device)
+    for i, n in enumerate(used):
+        row = table[i, :n]
+        row[row == 0] = free

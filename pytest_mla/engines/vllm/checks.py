@@ -34,6 +34,25 @@ def _startup_compilation(options: dict[str, Any], startup: Any) -> None:
         options["max_cudagraph_capture_size"] = compilation.max_cudagraph_capture_size
 
 
+#: The largest decode graph the checks pad to: a check's batch holds a handful of requests.
+MAX_GRAPH_REQUESTS = 64
+
+
+def decode_graph_sizes(startup: Any) -> tuple[int, ...]:
+    """The request counts of the FULL CUDA graphs the cell's server replays uniform decode batches on, as its
+    start-up resolved them (``decode_cudagraph_capture_request_sizes``; () where its decode batches run
+    without a FULL graph: ``cudagraph_mode``'s decode mode, lowered for the backend, is not FULL)."""
+    if startup is None:
+        return ()
+    from vllm.config.compilation import CUDAGraphMode
+
+    compilation = startup.vllm_config.compilation_config
+    if compilation.cudagraph_mode.decode_mode() != CUDAGraphMode.FULL:
+        return ()
+    sizes = getattr(compilation, "decode_cudagraph_capture_request_sizes", None) or ()  # a V2-runner field
+    return tuple(int(n) for n in sizes if int(n) <= MAX_GRAPH_REQUESTS)
+
+
 def backend_name(path: str) -> str:
     """The ``AttentionBackendEnum`` name of the backend class vLLM selected (``path``: its qualified name)."""
     import importlib
@@ -168,6 +187,9 @@ def _mla_spec(engine: Any, cell: Any, model: Any, tp: int, where: str, name: str
         split_from = schedule.split_from()  # per rank: the builder divides max_seq_len over the DCP group
         if split_from:
             options["split_from"] = split_from
+    sizes = decode_graph_sizes(startup) if path == "decode" else ()
+    if sizes:  # the check pads one run's batch as a FULL graph replays it (rank.run_mla)
+        options["graph_padding"] = sizes
     function = emulation.prefill_function(name, options.get("platform")) if path == "prefill" \
         else backend(name).function
     dcp = options["dcp"]

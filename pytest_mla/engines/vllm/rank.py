@@ -28,8 +28,8 @@ from ..common.process_group import DcpGroup, PerThread, ThreadBound, torch_colle
 from ..common.schedule import recorded_splits
 from ..common.shared_scope import SharedScope
 from . import backends, emulation
-from .batch import (dense_rows, fill_topk, impl_writes_tokens, nan_cache, new_tokens, rank_cache, rank_slots,
-                    write_split_tokens, write_tokens)
+from .batch import (dense_rows, fill_topk, free_null_block, graph_padded_size, impl_writes_tokens, nan_cache,
+                    new_tokens, pad_for_graph, rank_cache, rank_slots, write_split_tokens, write_tokens)
 from .model import backend_class, build_mla_layer, gqa_config, load_latent_kv_b_proj, mla_config, set_kv_scales
 from .platform_check import platform_notes, platform_ops_missing
 from .support import DEFAULT_CAPABILITY, LAYER_NAME, current_platform_fp8, prepare_process, stand_in_guard
@@ -160,6 +160,7 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
     from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
     from ...core.errors import AdapterError
+    from ...core.records import GRAPH_PADDED
     from ...kernels.engine_runner import RankResult
 
     world, rank = ctx.world, ctx.rank
@@ -188,16 +189,20 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         attn_group, kernel_block = _attention_group(layer.attn_backend, spec, config, device)
         builder = attn_group.get_metadata_builder()
         cache, table, local = rank_cache(inputs, config, rank, world, ctx.interleave, spec)
-        cache = cache.view(-1, kernel_block, cache.shape[-1])  # kernel blocks: the same memory
         seq_lens = inputs.cache_seqlens.to(device=device, dtype=torch.int32)
-        qsl = torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32)
-        common = CommonAttentionMetadata(
-            query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq_lens,
-            seq_lens_cpu_upper_bound=seq_lens.cpu(), max_seq_len=int(seq_lens.max()), num_reqs=b,
-            num_actual_tokens=b * s_q, max_query_len=s_q, block_table_tensor=table,
-            slot_mapping=torch.full((b * s_q,), -1, dtype=torch.int64, device=device), causal=True,
-            dcp_local_seq_lens=local, dcp_local_seq_lens_cpu_upper_bound=local.cpu() if local is not None else None,
-            is_prefilling=torch.zeros(b, dtype=torch.bool, device=device))
+
+        def metadata_of(n: int, qsl: Any, seq_lens: Any, table: Any, local: Any) -> Any:
+            """The runner's ``CommonAttentionMetadata`` for ``n`` requests (``b`` of them real)."""
+            return CommonAttentionMetadata(
+                query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq_lens,
+                seq_lens_cpu_upper_bound=seq_lens.cpu(), max_seq_len=int(seq_lens.max()), num_reqs=n,
+                num_actual_tokens=n * s_q, max_query_len=s_q, block_table_tensor=table,
+                slot_mapping=torch.full((n * s_q,), -1, dtype=torch.int64, device=device), causal=True,
+                dcp_local_seq_lens=local,
+                dcp_local_seq_lens_cpu_upper_bound=local.cpu() if local is not None else None,
+                is_prefilling=torch.zeros(n, dtype=torch.bool, device=device))
+
+        common = metadata_of(b, torch.arange(0, (b + 1) * s_q, s_q, dtype=torch.int32), seq_lens, table, local)
         # The builder's own decode/prefill split, as its build() makes it: rows past its
         # reorder threshold go to the MHA prefill path. A builder without a threshold
         # (XPUMLASparseMetadataBuilder) makes its own: every token a decode token.
@@ -217,23 +222,42 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
             raise AdapterError("kernel check", f"vLLM's {type(builder).__name__} sends the {b} requests of {s_q} "
                                                f"query tokens to the {taken} path (reorder_batch_threshold "
                                                f"{builder.reorder_batch_threshold}); the check was declared for {path}")
+        # A FULL CUDA graph's batch (the harness asks for it on one run of a check): the runner's dummy
+        # requests after the real ones, their q rows finite (a padded token's hidden state), their output
+        # rows discarded; block 0 is the null block they point at.
+        padded = graph_padded_size(options, b, s_q, builder, config, spec) \
+            if options.get("graph_padded") and not prefills else None
+        rows = (padded or b) * s_q
+        if padded:
+            free_null_block(cache, table, [int(n) for n in inputs.cache_seqlens.tolist()],
+                            config.cache_config.block_size, world)
+            common = metadata_of(padded, *pad_for_graph(b, s_q, padded, seq_lens, table, local))
+        cache = cache.view(-1, kernel_block, cache.shape[-1])  # kernel blocks: the same memory
         metadata = attn_group.build_metadata(common)
         per = h // world
         heads = (rank * per, (rank + 1) * per)
-        q = inputs.q.reshape(b * s_q, h, d_qk)[:, heads[0]:heads[1]].contiguous()
+        q = inputs.q.reshape(b * s_q, h, d_qk)[:, heads[0]:heads[1]]
+        if padded:
+            dummy = torch.randn(rows - b * s_q, *q.shape[1:], generator=torch.Generator().manual_seed(
+                int(ctx.case.seed) + 1), dtype=torch.float32).clamp(-1, 1).to(device=device, dtype=q.dtype)
+            q = torch.cat([q, dummy])
+        q = q.contiguous()
         rank_dim = options["kv_lora_rank"]
         if prefills:
             k_c, k_pe = new_tokens(inputs, s_q, inputs.kv_scale)
         else:  # read by prefill rows only
-            k_c = torch.zeros(b * s_q, rank_dim, dtype=q.dtype, device=device)
-            k_pe = torch.zeros(b * s_q, 1, d_qk - rank_dim, dtype=q.dtype, device=device)
-        output = torch.full((b * s_q, per * rank_dim), math.nan, dtype=q.dtype, device=device)
+            k_c = torch.zeros(rows, rank_dim, dtype=q.dtype, device=device)
+            k_pe = torch.zeros(rows, 1, d_qk - rank_dim, dtype=q.dtype, device=device)
+        output = torch.full((rows, per * rank_dim), math.nan, dtype=q.dtype, device=device)
         if options.get("index_topk"):
             if inputs.topk_indices is None:
                 raise AdapterError("kernel check", "a sparse model's check needs the harness's top-k selection")
             fill_topk(layer, inputs.topk_indices, b * s_q)
+            if padded:  # the indexer selects nothing for a dummy token (no cached tokens)
+                layer.impl.topk_indices_buffer[b * s_q:rows] = -1
         with recorded_splits(backends.backend(backend).schedule if not prefills else None) as splits:
             layer.forward_impl(q, k_c.to(device), k_pe.to(device), cache, metadata, output)
+        output = output[: b * s_q]  # the real requests' rows: the dummies' are discarded, as the runner does
         functions = ["vllm.model_executor.layers.attention.mla_attention:MLAAttention.forward_impl"]
         if prefills:
             function = emulation.prefill_function(backend, options.get("platform"))
@@ -251,6 +275,8 @@ def run_mla(inputs: Any, ctx: Any, options: Mapping[str, Any]) -> Any:
         notes = tuple(host) + platform_notes(options)
     out = output.view(b, s_q, per, rank_dim)
     schedule = {backends.backend(backend).schedule.argument: tuple(splits)} if splits else {}
+    if padded:
+        schedule[GRAPH_PADDED] = (padded,)
     return RankResult(out, None, heads if world > 1 else None, tuple(functions), notes=notes, emulated=emulated,
                       schedule=schedule)
 
