@@ -81,6 +81,19 @@ def test_triton_mla_is_verified_past_its_split_threshold_and_a_split_merge_fault
         assert row["variants"] == ["failed", "verified"] and max(row["seqlens"]) >= 1024, row
 
 
+def test_a_kernel_keeping_only_the_k_scales_exponent_fails_the_calibrated_scale_run_only():
+    """An fp8 check runs with k_scale 1 and with a calibrated scale that is not a power of two: a decode
+    that rounds the scale to its power of two is right on the first (and on a bf16 cache), wrong on the
+    second."""
+    rows = drive(".venv-vllm", "triton-mla-k-scale-exponent-only:v2lite-decode-fp8",
+                 "triton-mla-k-scale-exponent-only:v2lite-decode")
+    row = rows["triton-mla-k-scale-exponent-only:v2lite-decode-fp8"]
+    # the schedule case (k_scale 1), the graph-padded run (k_scale 1), the calibrated scale
+    assert row["status"] == "failed" and row["variants"] == ["verified", "verified", "failed"], row
+    assert row["message"].startswith("out: "), row
+    assert rows["triton-mla-k-scale-exponent-only:v2lite-decode"]["status"] == "verified"
+
+
 def test_a_graph_padded_batch_is_verified_and_a_fault_only_padding_reaches_fails():
     """The check's first run pads the batch as vLLM's runner pads it for a FULL CUDA graph (dummy requests
     with no tokens, the null block): the real rows verify. A builder that counts a decode batch's tokens

@@ -28,6 +28,11 @@ Faults (what a buggy release could ship):
 * ``triton-mla-scale-x1.05`` / ``triton-attn-scale-x1.05``: TRITON_MLA's
   ``forward_mqa`` / TRITON_ATTN's ``forward`` pass their Triton kernel
   (``decode_attention_fwd`` / ``unified_attention``) the softmax scale × 1.05.
+* ``triton-mla-k-scale-exponent-only``: TRITON_MLA's ``forward_mqa`` passes
+  ``decode_attention_fwd`` the layer's ``k_scale`` / ``v_scale`` rounded down to
+  their power of two (a kernel that shifts by the scale's exponent instead of
+  multiplying): invisible with ``k_scale`` 1 or a power-of-two scale, wrong with
+  a calibrated one.
 * ``rocm-attn-scale-x1.05``: ROCM_ATTN's ``forward`` passes
   ``chunked_prefill_paged_decode`` (its Triton decode and, for verify rows,
   ``context_attention_fwd``) the softmax scale × 1.05.
@@ -187,6 +192,18 @@ def _triton_mla_scale_fault(original: Any) -> Any:
                              sm_scale, *args, **kwargs):
         return original(q, k_buffer, v_buffer, o, lse, req_to_token, b_seq_len, attn_logits, num_kv_splits,
                         sm_scale * 1.05, *args, **kwargs)
+
+    return decode_attention_fwd
+
+
+def _exponent_only_fault(original: Any) -> Any:
+    def decode_attention_fwd(*args, k_scale=None, v_scale=None, **kwargs):
+        import torch
+
+        def exponent(scale):
+            return None if scale is None else torch.exp2(torch.floor(torch.log2(scale)))
+
+        return original(*args, k_scale=exponent(k_scale), v_scale=exponent(v_scale), **kwargs)
 
     return decode_attention_fwd
 
@@ -362,6 +379,8 @@ FAULTS = {
                                         "split_decodes_and_prefills", _padded_tokens_fault),
     "triton-mla-scale-x1.05": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
                                _triton_mla_scale_fault),
+    "triton-mla-k-scale-exponent-only": ("vllm.v1.attention.ops.triton_decode_attention", "decode_attention_fwd",
+                                         _exponent_only_fault),
     "triton-attn-scale-x1.05": ("vllm.v1.attention.ops.triton_unified_attention", "unified_attention",
                                 _triton_attn_scale_fault),
     "rocm-attn-scale-x1.05": ("vllm.v1.attention.ops.chunked_prefill_paged_decode", "chunked_prefill_paged_decode",
