@@ -281,13 +281,20 @@ def graph_padded_size(options: Any, b: int, s_q: int, builder: Any, config: Any,
     the smallest graph that holds the batch; a batch that is itself a captured size replays without
     dummies, so the check takes the graph a batch of ``b`` replays when it is padded past its own size:
     the smallest captured size above ``b`` (``dispatch``'s "padded to the DP maximum": a data-parallel
-    peer with more requests). The builder must take FULL graphs for the query length
-    (``AttentionCGSupport``: single-token decode, or uniform batches for speculative verify).
+    peer with more requests). The builder must take FULL graphs for single-token decode
+    (``AttentionCGSupport``).
+
+    Decode batches only (``s_q == 1``): a server runs the builder on the padded batch every step, but
+    the layer's forward in Python only once, at capture, on the capture batch (every request full);
+    a replay runs the captured kernels on the padded batch's buffers. The check runs the forward on
+    the padded batch, which for a padded *verify* batch reaches Python-level validation a replay
+    never runs (FlashInfer MLA's ``cum_seq_lens_q[-1]`` against the query rows: a false finding).
     """
     from vllm.v1.attention.backend import AttentionCGSupport
 
-    need = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if s_q == 1 else AttentionCGSupport.UNIFORM_BATCH
-    if type(builder).get_cudagraph_support(config, spec).value < need.value:
+    if s_q != 1:
+        return None
+    if type(builder).get_cudagraph_support(config, spec).value < AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE.value:
         return None
     larger = [int(n) for n in options.get("graph_padding") or () if int(n) > b]
     return min(larger) if larger else None
