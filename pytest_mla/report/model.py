@@ -654,45 +654,40 @@ def tier_line(run: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _verified_schedules(records: Iterable[Mapping[str, Any]], key: str) -> dict[str, list[list[int]]]:
+    """Per backend, the values ``kernel.schedule[key]`` holds in each verified check that recorded any."""
+    per: dict[str, list[list[int]]] = {}
+    for record in records:
+        kernel = record.get("kernel") or {}
+        values = (kernel.get("schedule") or {}).get(key) if kernel.get("status") == VERIFIED else None
+        if values:
+            name = str(kernel.get("kernel") or (record.get("coords") or {}).get("backend"))
+            per.setdefault(name, []).append([int(v) for v in values])
+    return per
+
+
+def _joined(checks: list[list[int]]) -> str:
+    return ", ".join(str(v) for v in sorted({v for values in checks for v in values}))
+
+
 def schedule_counts(records: Iterable[Mapping[str, Any]]) -> str:
     """Which split-KV schedules verified checks ran, per backend (``kernel.schedule``: the split counts the
     engine handed its decode kernel), and how many of those checks split a request more than once."""
-    seen: dict[str, set[int]] = {}
-    checks: Counter[str] = Counter()
-    split: Counter[str] = Counter()
-    for record in records:
-        kernel = record.get("kernel") or {}
-        counts = (kernel.get("schedule") or {}).get("num_kv_splits") if kernel.get("status") == VERIFIED else None
-        if not counts:
-            continue
-        name = str(kernel.get("kernel") or (record.get("coords") or {}).get("backend"))
-        seen.setdefault(name, set()).update(int(c) for c in counts)
-        checks[name] += 1
-        split[name] += max(int(c) for c in counts) > 1
-    if not seen:
+    per = _verified_schedules(records, "num_kv_splits")
+    if not per:
         return ""
-    parts = [f"{name} {', '.join(str(c) for c in sorted(seen[name]))} ({split[name]} of {checks[name]} checks "
-             "split a request)" for name in sorted(seen)]
+    parts = [f"{name} {_joined(checks)} ({sum(max(c) > 1 for c in checks)} of {len(checks)} checks split a request)"
+             for name, checks in sorted(per.items())]
     return "split-KV schedules verified (the KV split counts the engine handed its decode kernel): " + "; ".join(parts)
 
 
 def graph_padding_counts(records: Iterable[Mapping[str, Any]]) -> str:
     """Per backend, how many verified checks ran a batch padded as a FULL CUDA graph replays it
     (``kernel.schedule["graph_padded_to"]``: the request counts the engine's runner padded to)."""
-    sizes: dict[str, set[int]] = {}
-    checks: Counter[str] = Counter()
-    for record in records:
-        kernel = record.get("kernel") or {}
-        padded = (kernel.get("schedule") or {}).get(GRAPH_PADDED) if kernel.get("status") == VERIFIED else None
-        if not padded:
-            continue
-        name = str(kernel.get("kernel") or (record.get("coords") or {}).get("backend"))
-        sizes.setdefault(name, set()).update(int(n) for n in padded)
-        checks[name] += 1
-    if not sizes:
+    per = _verified_schedules(records, GRAPH_PADDED)
+    if not per:
         return ""
-    parts = [f"{name} {checks[name]} (padded to {', '.join(str(n) for n in sorted(sizes[name]))} requests)"
-             for name in sorted(sizes)]
+    parts = [f"{name} {len(checks)} (padded to {_joined(checks)} requests)" for name, checks in sorted(per.items())]
     return ("CUDA-graph-padded batches verified (dummy requests after the real ones, as the engine's runner pads a "
             "batch for a FULL graph): " + "; ".join(parts))
 
