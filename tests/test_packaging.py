@@ -64,6 +64,7 @@ def test_the_wheel_carries_the_matrices_and_the_license(tmp_path):
         assert z.read("pytest_mla/report/repro/sglang_backend.py.tmpl") == \
             (ROOT / "pytest_mla/report/repro/sglang_backend.py.tmpl").read_bytes()
         assert "pytest_mla/engines/model_configs/deepseek-v3/config.json" in z.namelist()
+        assert "pytest_mla/engines/model_configs/mistral-small-4/params.json" in z.namelist()
         licenses = [n for n in z.namelist() if n.endswith("LICENSE") and ".dist-info/" in n]
         assert licenses and z.read(licenses[0]) == (ROOT / "LICENSE").read_bytes()
 

@@ -71,6 +71,34 @@ def test_catalogue_matches_the_config_json_the_engines_read(name):
         assert "llama_4_scaling" not in config
 
 
+def test_mistral_native_params_json_is_the_catalogues_checkpoint():
+    """SGLang reads a model whose path names mistral-small-4 from a Mistral-native params.json (its
+    mistral_utils.is_mistral_model), not from config.json: that file must be the same checkpoint.
+    The key names are Mistral's (``n_heads``, ``yarn.beta`` for beta_fast, ``yarn.alpha`` for beta_slow)."""
+    import json
+
+    from pytest_mla.engines.common import MODEL_CONFIGS
+
+    with_params = sorted(p.parent.name for p in MODEL_CONFIGS.glob("*/params.json"))
+    assert with_params == ["mistral-small-4"]
+    m = BUILTIN_MODELS["mistral-small-4"]
+    params = json.loads((MODEL_CONFIGS / "mistral-small-4" / "params.json").read_text())
+    assert (params["n_heads"], params["n_kv_heads"]) == (m.num_heads, m.num_heads)
+    assert (params["kv_lora_rank"], params["qk_rope_head_dim"], params["qk_nope_head_dim"], params["v_head_dim"],
+            params["q_lora_rank"]) == (m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, 1024)
+    rope = dict(m.rope_scaling)
+    assert params["yarn"] == {"factor": rope["factor"], "original_max_position_embeddings":
+                              rope["original_max_position_embeddings"], "beta": rope["beta_fast"],
+                              "alpha": rope["beta_slow"]}
+    # SGLang's remap gives every Mistral YaRN mscale_all_dim 1, the catalogue's value (softmax scale x2.206).
+    assert rope["mscale_all_dim"] == 1.0
+    assert params["llama_4_scaling"] == {"beta": rope["llama_4_scaling_beta"],
+                                         "original_max_position_embeddings": rope["original_max_position_embeddings"]}
+    assert "quantization" not in params and m.quant_method == "none"
+    # Mistral Large 3's remap (MistralLarge3ForCausalLM, model_type deepseek_v3) needs MoE with shared experts.
+    assert params["moe"]["num_shared_experts"] > 0
+
+
 def test_every_catalogue_model_has_a_checkpoint_and_a_config_json():
     from pytest_mla.engines.common import MODEL_CONFIGS
     from pytest_mla.report.serving import CHECKPOINTS

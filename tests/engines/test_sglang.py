@@ -462,3 +462,34 @@ def test_minicpm3_and_glm_cells_meet_sglangs_code_at_their_geometry(release):
     assert "qk_nope_head_dim" in trtllm["outcome"]["message"]
     assert cell("minicpm3-4b", "trtllm_mla", "sm90")["outcome"]["kind"] == "rejected"  # Blackwell only, as for DeepSeek
     assert cell("glm-4.7-flash", "trtllm_mla", "sm100")["outcome"]["kind"] == "accepted"
+
+
+@pytest.mark.parametrize("release", COMMITTED_RELEASES)
+def test_mistral_small_4_and_glm_5_meet_sglangs_code_at_their_geometry(release):
+    """Read in SGLang's source: Mistral Small 4 (MistralLarge3ForCausalLM from its params.json: a 256 + 64 = 320-wide
+    latent, 32 heads) starts on every MLA backend; triton's grouped decode splits the key only at 576 and 288
+    (decode_attention.py: _decode_grouped_att_m_fwd) and fails to build at 320, FlashMLA's TORCH_CHECK refuses 320
+    (kept by the emulation), fa3 verifies there. GLM-5 (GlmMoeDsaForCausalLM with index_topk: DSA) is scoped like
+    DeepSeek-V3.2: its dense CUDA cells are outside the matrix, flex_attention checks at its 576-wide latent."""
+    _, cells = committed_slice(
+        release, "--mla-select=model=mistral-small-4,glm-5", "--mla-select=backend=triton,fa3,flashmla,flex_attention",
+        "--mla-select=dcp=1", "--mla-select=spec=none", "--mla-select=arch=sm90", "--mla-select=kv_dtype=auto")
+
+    def cell(model, backend):
+        return cells[f"{model}/{backend}/dcp1/none/sm90/kv-auto"]
+
+    triton = cell("mistral-small-4", "triton")
+    assert triton["verdict"] == "xfail" and triton["outcome"]["kind"] == "accepted", triton
+    kernel = triton["kernel"]
+    assert (kernel["status"], kernel["level"], kernel["raised"]) == ("failed", "backend", "InterpreterError"), kernel
+    assert "incompatible dimensions at index 1: 256 and 512" in kernel["raised_text"]
+    assert kernel["function"] == "sglang.kernels.ops.attention.decode_attention:_decode_grouped_att_m_fwd"
+    assert (kernel["case"]["d_qk"], kernel["case"]["d_v"], kernel["case"]["h_q"]) == (320, 256, 32), kernel["case"]
+    flashmla = cell("mistral-small-4", "flashmla")
+    assert flashmla["verdict"] == "xfail" and flashmla["kernel"]["raised"] == "RuntimeError", flashmla["kernel"]
+    assert flashmla["kernel"]["raised_text"] == "Only head_size_k == 576 or 512 is supported"
+    fa3 = cell("mistral-small-4", "fa3")["kernel"]
+    assert fa3["status"] == "verified" and (fa3["case"]["d_qk"], fa3["case"]["d_v"]) == (320, 256), fa3
+    assert cell("glm-5", "triton")["verdict"] == "skip"
+    flex = cell("glm-5", "flex_attention")["kernel"]
+    assert flex["status"] == "verified" and (flex["case"]["d_qk"], flex["case"]["h_q"]) == (576, 64), flex["case"]

@@ -594,6 +594,23 @@ def test_glm_is_served_with_mla_and_minicpm3_is_not():
     assert "flashinfer.prefill.trtllm_ragged_attention_deepseek is an import stub" in verify["reason"], verify
 
 
+def test_the_cpu_platform_hands_a_320_wide_latent_to_cpu_mla_whose_op_refuses_it():
+    """CPU_MLA lists [576] (cpu_mla.py:61-64) but vLLM's CPU platform returns it for every MLA model without
+    asking; its op mla_decode_kvcache is compiled for (576, 512, 16) only: TORCH_CHECK "Unsupported block size"
+    at the first decode, whatever backend was forced. DeepSeek's 576 verifies on the same path."""
+    _, cells = committed_slice(
+        "vllm-0.34.0", "--mla-select=model=mistral-small-4,deepseek-v3", "--mla-select=dcp=1", "--mla-select=spec=none",
+        "--mla-select=backend=CPU_MLA,FLASHMLA,auto", "--mla-select=arch=cpu", "--mla-select=kv_dtype=auto",
+        "--mla-select=page_size=16")
+    for backend in ("CPU_MLA", "FLASHMLA", "auto"):
+        mistral = cells[f"mistral-small-4/{backend}/dcp1/none/cpu/kv-auto/page16"]
+        assert mistral["outcome"]["kind"] == "accepted" and mistral["verdict"] == "xfail", mistral
+        assert (mistral["kernel"]["raised"], mistral["kernel"]["raised_text"]) == ("RuntimeError", "Unsupported block size")
+        assert mistral["kernel"]["function"] == "vllm._cpu_ops:mla_decode_kvcache_cpu", mistral["kernel"]
+        deepseek = cells[f"deepseek-v3/{backend}/dcp1/none/cpu/kv-auto/page16"]["kernel"]
+        assert deepseek["status"] == "verified", deepseek
+
+
 def test_a_320_wide_latent_is_refused_where_vllm_lists_head_sizes_and_breaks_cutlass_mla():
     """Mistral Small 4 (256 + 64 latent, head size 320; read in vLLM 0.34.0's source): AMX_MLA and CPU_MLA
     list [576] (get_supported_head_sizes), FLASHMLA_SPARSE [576, 512]; CUTLASS_MLA lists none and accepts it,
@@ -602,7 +619,7 @@ def test_a_320_wide_latent_is_refused_where_vllm_lists_head_sizes_and_breaks_cut
     _, cells = committed_slice(
         "vllm-0.34.0", "--mla-select=model=mistral-small-4,glm-5,deepseek-v3.2", "--mla-select=dcp=1,2",
         "--mla-select=spec=none", "--mla-select=backend=AMX_MLA,FLASHMLA_SPARSE,CUTLASS_MLA,TRITON_MLA,"
-        "FLASH_ATTN_MLA_SPARSE_FA4", "--mla-select=arch=sm90,sm100", "--mla-select=kv_dtype=auto",
+        "FLASH_ATTN_MLA_SPARSE_FA4,FLASHMLA", "--mla-select=arch=sm90,sm100", "--mla-select=kv_dtype=auto",
         "--mla-select=page_size=128")
 
     def cell(model, backend, arch, dcp=1):
@@ -617,6 +634,12 @@ def test_a_320_wide_latent_is_refused_where_vllm_lists_head_sizes_and_breaks_cut
     assert cutlass["kernel"]["function"].endswith("CutlassMLAImpl._sm100_cutlass_mla_decode")
     triton = cell("mistral-small-4", "TRITON_MLA", "sm90")["kernel"]
     assert triton["status"] == "verified" and (triton["case"]["d_qk"], triton["case"]["d_v"]) == (320, 256), triton
+    # FLASHMLA lists no head size either: accepted on SM90, then FlashMLA's own TORCH_CHECK refuses 320
+    # (kept by the emulation; it used to be "out of contract" and the cell not-run)
+    flashmla = cell("mistral-small-4", "FLASHMLA", "sm90")
+    assert flashmla["outcome"]["kind"] == "accepted" and flashmla["verdict"] == "xfail", flashmla
+    assert flashmla["kernel"]["raised"] == "RuntimeError", flashmla["kernel"]
+    assert flashmla["kernel"]["raised_text"] == "Only head_size_k == 576 or 512 is supported", flashmla["kernel"]
     fa4 = cell("glm-5", "FLASH_ATTN_MLA_SPARSE_FA4", "sm100", dcp=2)["outcome"]
     assert "gathered query heads" not in (fa4.get("message") or ""), fa4
     assert "gathered query heads" in cell("deepseek-v3.2", "FLASH_ATTN_MLA_SPARSE_FA4", "sm100", dcp=2)["outcome"]["message"]

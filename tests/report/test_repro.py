@@ -168,11 +168,11 @@ def test_an_unknown_id_names_the_nearest_ids_of_the_result_file(capsys):
     code, _, err = repro(capsys, COMMITTED, "deepseek-v3/triton/dcp4/none/sm95/kv-auto")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith(f"pytest-mla: error: {COMMITTED}: no cell 'deepseek-v3/triton/dcp4/none/sm95/kv-auto' "
-                          "in the result file (46656 cells); nearest: deepseek-v3/triton/dcp4/none/sm")
+                          "in the result file (58320 cells); nearest: deepseek-v3/triton/dcp4/none/sm")
     code, _, err = repro(capsys, COMMITTED, "deepseek-v3-triton-dcp4-none-sm95-kv-auto")
     assert code == 2 and "nearest: deepseek-v3/triton/dcp4/none/sm" in err
     code, _, err = repro(capsys, COMMITTED, "nothing-like-it")
-    assert code == 2 and "no cell 'nothing-like-it' in the result file (46656 cells)" in err
+    assert code == 2 and "no cell 'nothing-like-it' in the result file (58320 cells)" in err
 
 
 def test_bad_files_and_options_are_one_line(tmp_path, capsys):

@@ -21,7 +21,8 @@ Emulated callables (see ``EMULATIONS`` at the bottom):
 
 The contract, all in one place (sources in brackets):
 
-* Layouts: ``q [b, s_q, h_q, d]``, ``d`` 576 (or 512 for bf16/fp16);
+* Layouts: ``q [b, s_q, h_q, d]``, ``d`` 576 (or 512 for bf16/fp16; another width, or a ``head_dim_v``
+  other than 512, fails the library's ``TORCH_CHECK``: kept, a ``RuntimeError`` as on the GPU);
   ``k_cache [num_blocks, 64, h_k, d]`` with ``page_block_size == 64``; V is the
   first ``head_dim_v == 512`` columns of each K row; ``h_q % h_k == 0``;
   ``block_table [b, max_blocks]`` and ``cache_seqlens [b]`` int32.
@@ -221,10 +222,16 @@ def _dense_decode(q, k_cache, head_dim_v, cache_seqlens, block_table, softmax_sc
                                       f"{tuple(q.shape)} and {tuple(k_cache.shape)}")
     b, s_q, h_q, d = q.shape
     _, page, h_k, d_k = k_cache.shape
-    if d not in ((576,) if fp8 else (576, 512)) or d_k != d:
-        raise OutOfContractError("head_dim", f"q head dim {d}, cache {d_k}: supports 576 (512 without fp8)")
+    if d_k != d:
+        raise OutOfContractError("head_dim", f"q head dim {d}, cache {d_k}: the emulation models one width for both")
+    # The library's own dimension checks (csrc/api/dense_decode.h: TORCH_CHECK(head_size_k == 576 || head_size_k ==
+    # 512, ...), the fp8 op's head_size_k == 576, head_size_v == 512): kept, so a model whose latent is not DeepSeek's
+    # (Mistral Small 4's 320, MiniCPM3's 288) fails here as it does on the GPU instead of going unchecked.
+    if d not in ((576,) if fp8 else (576, 512)):
+        raise RuntimeError("Only head_size_k == 576 is supported" if fp8 else
+                           "Only head_size_k == 576 or 512 is supported")
     if head_dim_v != HEAD_DIM_V:
-        raise OutOfContractError("head_dim_v", f"{head_dim_v}: the kernel supports 512 only")
+        raise RuntimeError("Only head_size_v == 512 is supported")
     if page != PAGE_BLOCK_SIZE:
         raise OutOfContractError("page_block_size", f"{page}: the kernel supports pages of 64 tokens only")
     if h_q % h_k:

@@ -28,9 +28,10 @@ request's first ``seq_len`` cached rows). The contract, all in one place:
   int32 (the kernel reads them as ``int*``).
 * Only ``head_dim == 576``, ``v_head_dim == 512`` and ``block_size == 16``
   are compiled (anything else: ``TORCH_CHECK(false, "Unsupported block
-  size")``), for ``query`` / ``kv_cache`` / ``out`` float32, float16 or
-  bfloat16, all three of one dtype (``VLLM_DISPATCH_FLOATING_TYPES`` on the
-  query's). Outside these this emulation raises, naming the flag.
+  size")``: kept, a ``RuntimeError`` as on a CPU build), for ``query`` /
+  ``kv_cache`` / ``out`` float32, float16 or bfloat16, all three of one dtype
+  (``VLLM_DISPATCH_FLOATING_TYPES`` on the query's). Outside these dtypes this
+  emulation raises, naming the flag.
 * Scores are ``scale · q·k`` (``scale`` the softmax scale, no log2 folding);
   softmax over the sequence's ``seq_len`` tokens, token ``t`` at
   ``block_tables[s, t // 16]``, offset ``t % 16``; only those blocks are read
@@ -72,9 +73,10 @@ def mla_decode_kvcache(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.T
                                           f"{tuple(kv_cache.shape)}, {tuple(out.shape)}")
     num_seqs, num_heads, head_dim = query.shape
     if (head_dim, out.shape[2], kv_cache.shape[1]) != (HEAD_DIM, V_HEAD_DIM, BLOCK_SIZE):
-        raise OutOfContractError("block_size", f"head_dim {head_dim}, v_head_dim {out.shape[2]}, block_size "
-                                               f"{kv_cache.shape[1]}: compiled for {HEAD_DIM} / {V_HEAD_DIM} / "
-                                               f"{BLOCK_SIZE} only")
+        # the library's own dispatch (csrc/cpu/mla_decode.cpp: TORCH_CHECK(false, "Unsupported block size") for
+        # any (head_dim, v_head_dim, block_size) but the one compiled): kept, so a model whose latent is not
+        # DeepSeek's fails here as it does on a CPU build of vLLM instead of going unchecked
+        raise RuntimeError("Unsupported block size")
     if kv_cache.shape[2] != head_dim or tuple(out.shape[:2]) != (num_seqs, num_heads):
         raise OutOfContractError("kv_cache", f"rows of {kv_cache.shape[2]} for a query of {head_dim}; out "
                                              f"{tuple(out.shape)} for {num_seqs} sequences of {num_heads} heads")

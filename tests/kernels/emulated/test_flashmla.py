@@ -170,8 +170,21 @@ def test_flags_the_emulation_does_not_model_raise_naming_the_flag():
                                         indices=torch.zeros(1, 1, 64, dtype=torch.int32), use_legacy=True)
     with pytest.raises(OutOfContractError, match="^topk: "):
         flashmla.get_mla_decoding_metadata(case.cache_seqlens, 16, 1, topk=64)
-    with pytest.raises(OutOfContractError, match="^head_dim_v: "):
+
+
+def test_the_librarys_head_size_checks_are_kept():
+    """FlashMLA's TORCH_CHECKs on the head sizes (csrc/api/dense_decode.h) refuse any latent but DeepSeek's: a
+    320-wide (Mistral Small 4) or 288-wide (MiniCPM3) row fails as on the GPU, not as an unmodelled call."""
+    case = make_case([20], seed=12)
+    with pytest.raises(RuntimeError, match="^Only head_size_v == 512 is supported$"):
         flashmla.dense_decode_fwd(case.q, case.kv_cache, 256, case.cache_seqlens, case.block_table, 0.04, True)
+    for width in (320, 288):
+        q, kv = case.q[..., :width].contiguous(), case.kv_cache[..., :width].contiguous()
+        with pytest.raises(RuntimeError, match="^Only head_size_k == 576 or 512 is supported$"):
+            flashmla.dense_decode_fwd(q, kv, 512, case.cache_seqlens, case.block_table, 0.04, True)
+    with pytest.raises(OutOfContractError, match="^head_dim: "):  # q and cache of two widths: not modelled
+        flashmla.dense_decode_fwd(case.q[..., :512].contiguous(), case.kv_cache, 512, case.cache_seqlens,
+                                  case.block_table, 0.04, True)
 
 
 def test_the_wheels_own_assertions_are_kept():

@@ -58,8 +58,19 @@ def test_a_block_id_outside_the_cache_raises_naming_the_flag():
         _call(case, block_tables=table)
 
 
+def test_a_shape_the_kernel_is_not_compiled_for_fails_as_the_library_does():
+    """csrc/cpu/mla_decode.cpp compiles (576, 512, 16) only and TORCH_CHECKs anything else: a page of 64 and a
+    320-wide latent (Mistral Small 4) both fail as on a CPU build of vLLM."""
+    case = make_case([20], page_size=16, seed=95)
+    page64 = make_case([20], page_size=64, seed=95)
+    with pytest.raises(RuntimeError, match="^Unsupported block size$"):
+        _call(case, kv_cache=page64.kv_cache[:, :, 0].contiguous(), block_tables=page64.block_table)
+    with pytest.raises(RuntimeError, match="^Unsupported block size$"):
+        _call(case, query=case.q[:, 0, :, :320].contiguous(), kv_cache=case.kv_cache[:, :, 0, :320].contiguous(),
+              out=poisoned((1, case.q.shape[2], 256), case.q.dtype))
+
+
 @pytest.mark.parametrize("change, flag", [
-    ({"kv_cache": "page64"}, "block_size"),
     ({"seq_lens": "int64"}, "seq_lens"),
     ({"query": "fp32"}, "kv_cache"),
 ])
